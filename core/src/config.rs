@@ -1,0 +1,39 @@
+//! Layered configuration: the defaults file compiled into the binary, then an optional
+//! file given at start, then environment variables. Unknown keys are an error (each
+//! service's config structs use `deny_unknown_fields`).
+
+use std::path::Path;
+
+use figment::providers::{Env, Format, Toml};
+use figment::Figment;
+use serde::de::DeserializeOwned;
+
+/// Loads a service's config.
+///
+/// * `defaults` — the service's defaults file (TOML), usually `include_str!`-ed.
+/// * `file` — an operator's file that overrides the defaults.
+/// * `aliases` — well-known variables mapped onto keys, e.g. `("DATABASE_URL", "database.url")`.
+/// * every `CHATPIPE_SECTION__KEY` variable overrides `section.key`.
+pub fn load<T: DeserializeOwned>(
+    defaults: &str,
+    file: Option<&Path>,
+    aliases: &[(&str, &str)],
+) -> Result<T, Box<figment::Error>> {
+    let mut figment = Figment::from(Toml::string(defaults));
+    if let Some(path) = file {
+        if !path.exists() {
+            return Err(Box::new(figment::Error::from(format!(
+                "config file {} does not exist",
+                path.display()
+            ))));
+        }
+        figment = figment.merge(Toml::file(path));
+    }
+    figment = figment.merge(Env::prefixed("CHATPIPE_").split("__"));
+    for (var, key) in aliases {
+        if let Ok(value) = std::env::var(var) {
+            figment = figment.merge((*key, value));
+        }
+    }
+    figment.extract().map_err(Box::new)
+}

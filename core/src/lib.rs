@@ -1,0 +1,10 @@
+//! What every chatpipe service shares: the domain ids, JWT auth, layered config,
+//! telemetry, the Prometheus recorder and the `application/problem+json` error body.
+
+pub mod auth;
+pub mod config;
+pub mod ids;
+pub mod problem;
+pub mod telemetry;
+
+pub use ids::{ConversationId, Seq, UserId};

@@ -1,0 +1,44 @@
+//! Logging and metrics set-up shared by the services.
+
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::PrometheusBuilder;
+pub use metrics_exporter_prometheus::PrometheusHandle;
+use tracing_subscriber::EnvFilter;
+
+/// Logs to stderr; `RUST_LOG` filters (default `info`), `LOG_FORMAT=json` for machines.
+pub fn init_logging() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let result = if std::env::var("LOG_FORMAT").as_deref() == Ok("json") {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+    // A second init (tests start many apps in one process) keeps the first subscriber.
+    let _ = result;
+}
+
+/// Buckets for latency histograms, in seconds: 0.5 ms to 10 s.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Installs the process-wide Prometheus recorder once and returns its handle.
+pub fn metrics_handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new()
+                .set_buckets(LATENCY_BUCKETS)
+                .expect("static buckets are valid")
+                .build_recorder();
+            let handle = recorder.handle();
+            // Fails only if another recorder was installed first; then ours just renders nothing new.
+            let _ = metrics::set_global_recorder(recorder);
+            handle
+        })
+        .clone()
+}

@@ -1,0 +1,89 @@
+//! ingest-api settings: `config/ingest-api.toml` (compiled in), an optional file, then
+//! the environment. See that file for what each key means.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use figment::providers::Format;
+use std::time::Duration;
+
+use secrecy::SecretString;
+use serde::Deserialize;
+
+const DEFAULTS: &str = include_str!("../../config/ingest-api.toml");
+
+/// Well-known variables that override a key directly.
+const ALIASES: &[(&str, &str)] = &[
+    ("DATABASE_URL", "database.url"),
+    ("JWT_SECRET", "auth.jwt_secret"),
+    ("INGEST_ADDR", "http.addr"),
+];
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    pub http: HttpSettings,
+    pub database: DatabaseSettings,
+    pub auth: AuthSettings,
+    pub limits: Limits,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSettings {
+    pub addr: SocketAddr,
+    pub request_timeout_ms: u64,
+    pub max_request_bytes: usize,
+    pub shutdown_grace_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseSettings {
+    pub url: SecretString,
+    pub max_connections: u32,
+    pub min_connections: u32,
+    pub acquire_timeout_ms: u64,
+    pub statement_timeout_ms: u64,
+    pub migrate_on_start: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthSettings {
+    pub jwt_secret: SecretString,
+    pub leeway_secs: u64,
+}
+
+/// Request-level limits every handler validates against.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    pub max_body_chars: usize,
+    pub max_group_members: usize,
+    pub max_title_chars: usize,
+    pub default_page_limit: i64,
+    pub max_page_limit: i64,
+    pub preview_chars: usize,
+}
+
+impl Settings {
+    pub fn load(file: Option<&Path>) -> Result<Self, Box<figment::Error>> {
+        chatpipe_core::config::load(DEFAULTS, file, ALIASES)
+    }
+
+    /// The compiled-in defaults alone, plus a secret: no file, no environment. Tests
+    /// start from here and set what they need.
+    pub fn defaults_with_secret(secret: &str) -> Self {
+        figment::Figment::from(figment::providers::Toml::string(DEFAULTS))
+            .merge(("auth.jwt_secret", secret))
+            .extract()
+            .expect("the compiled-in defaults file is valid")
+    }
+}
+
+impl HttpSettings {
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms)
+    }
+}

@@ -1,0 +1,121 @@
+//! Validated request values. Each `parse` names the field it checks so the error can.
+
+use crate::configuration::Limits;
+use crate::error::ApiError;
+
+/// A message body: not blank, at most `limits.max_body_chars` characters.
+#[derive(Debug, Clone)]
+pub struct MessageBody(String);
+
+impl MessageBody {
+    pub fn parse(raw: String, limits: &Limits) -> Result<Self, ApiError> {
+        if raw.trim().is_empty() {
+            return Err(ApiError::invalid("body", "must not be empty"));
+        }
+        let chars = raw.chars().count();
+        if chars > limits.max_body_chars {
+            return Err(ApiError::invalid(
+                "body",
+                format!(
+                    "is {chars} characters; the limit is {}",
+                    limits.max_body_chars
+                ),
+            ));
+        }
+        Ok(Self(raw))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A group title: optional, trimmed, at most `limits.max_title_chars` characters.
+pub fn parse_title(raw: Option<String>, limits: &Limits) -> Result<Option<String>, ApiError> {
+    let Some(title) = raw.map(|t| t.trim().to_owned()).filter(|t| !t.is_empty()) else {
+        return Ok(None);
+    };
+    if title.chars().count() > limits.max_title_chars {
+        return Err(ApiError::invalid(
+            "title",
+            format!("is longer than {} characters", limits.max_title_chars),
+        ));
+    }
+    Ok(Some(title))
+}
+
+/// A page size: `limits.default_page_limit` when absent, else 1..=`limits.max_page_limit`.
+pub fn page_limit(raw: Option<i64>, limits: &Limits) -> Result<i64, ApiError> {
+    match raw {
+        None => Ok(limits.default_page_limit),
+        Some(n) if (1..=limits.max_page_limit).contains(&n) => Ok(n),
+        Some(n) => Err(ApiError::bad_parameter(
+            "limit",
+            format!("must be between 1 and {}, got {n}", limits.max_page_limit),
+        )),
+    }
+}
+
+/// A list of user ids: every one positive, duplicates folded, at most `max` of them.
+pub fn user_ids(field: &str, raw: Vec<i64>, max: usize) -> Result<Vec<i64>, ApiError> {
+    if let Some((i, bad)) = raw.iter().enumerate().find(|(_, id)| **id <= 0) {
+        return Err(ApiError::invalid(
+            &format!("{field}[{i}]"),
+            format!("must be a positive user id, got {bad}"),
+        ));
+    }
+    let mut ids = raw;
+    ids.sort_unstable();
+    ids.dedup();
+    if ids.len() > max {
+        return Err(ApiError::conflict(
+            "member-limit",
+            format!(
+                "{} distinct users exceed the limit of {max} members",
+                ids.len()
+            ),
+        ));
+    }
+    Ok(ids)
+}
+
+/// A positive seq from a request field.
+pub fn seq(field: &str, raw: i64) -> Result<chatpipe_core::Seq, ApiError> {
+    chatpipe_core::Seq::new(raw).map_err(|e| ApiError::invalid(field, e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> Limits {
+        crate::configuration::Settings::defaults_with_secret("x".repeat(32).as_str()).limits
+    }
+
+    #[test]
+    fn body_must_be_non_blank_and_within_the_limit() {
+        let l = limits();
+        assert!(MessageBody::parse("  \n".into(), &l).is_err());
+        assert!(MessageBody::parse("é".repeat(l.max_body_chars), &l).is_ok());
+        assert!(MessageBody::parse("a".repeat(l.max_body_chars + 1), &l).is_err());
+    }
+
+    #[test]
+    fn page_limit_defaults_and_bounds() {
+        let l = limits();
+        assert_eq!(page_limit(None, &l).unwrap(), 50);
+        assert!(page_limit(Some(0), &l).is_err());
+        assert!(page_limit(Some(201), &l).is_err());
+        assert_eq!(page_limit(Some(200), &l).unwrap(), 200);
+    }
+
+    #[test]
+    fn user_ids_are_positive_and_deduplicated() {
+        assert_eq!(
+            user_ids("memberIds", vec![3, 1, 3], 10).unwrap(),
+            vec![1, 3]
+        );
+        assert!(user_ids("memberIds", vec![1, 0], 10).is_err());
+        assert!(user_ids("memberIds", (1..=11).collect(), 10).is_err());
+    }
+}

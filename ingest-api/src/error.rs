@@ -1,0 +1,176 @@
+//! The one error type of the REST API. Each variant maps to a status and a
+//! `/problems/<code>` problem type (docs/api.md lists them). Handlers return it and
+//! never log; the request middleware logs each failed request once.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use chatpipe_core::auth::AuthError;
+use chatpipe_core::problem::Problem;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The request is syntactically broken: malformed JSON, a bad query or path value.
+    #[error("{detail}")]
+    BadRequest {
+        code: &'static str,
+        field: Option<String>,
+        detail: String,
+    },
+    /// The request parses but a field's value is not acceptable.
+    #[error("{field}: {detail}")]
+    Invalid { field: String, detail: String },
+    #[error("request body is larger than {limit} bytes")]
+    BodyTooLarge { limit: usize },
+    #[error("Content-Type must be application/json")]
+    UnsupportedMediaType,
+    #[error("unauthorized: {0}")]
+    Unauthorized(#[from] AuthError),
+    /// Unknown conversation, or one the caller is not a member of: the same answer, so
+    /// a non-member learns nothing about what exists.
+    #[error("{what} not found")]
+    NotFound { what: &'static str },
+    #[error("{detail}")]
+    Forbidden { detail: String },
+    #[error("{detail}")]
+    Conflict { code: &'static str, detail: String },
+    #[error("database pool exhausted: {0}")]
+    Unavailable(sqlx::Error),
+    #[error("database error: {0}")]
+    Database(sqlx::Error),
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(err: sqlx::Error) -> Self {
+        match err {
+            sqlx::Error::PoolTimedOut => {
+                metrics::counter!("db_pool_acquire_timeouts_total").increment(1);
+                Self::Unavailable(err)
+            }
+            other => Self::Database(other),
+        }
+    }
+}
+
+impl ApiError {
+    pub fn invalid(field: &str, detail: impl Into<String>) -> Self {
+        Self::Invalid {
+            field: field.to_owned(),
+            detail: detail.into(),
+        }
+    }
+
+    pub fn bad_parameter(field: &str, detail: impl Into<String>) -> Self {
+        Self::BadRequest {
+            code: "invalid-parameter",
+            field: Some(field.to_owned()),
+            detail: detail.into(),
+        }
+    }
+
+    pub fn conversation_not_found() -> Self {
+        Self::NotFound {
+            what: "conversation",
+        }
+    }
+
+    pub fn conflict(code: &'static str, detail: impl Into<String>) -> Self {
+        Self::Conflict {
+            code,
+            detail: detail.into(),
+        }
+    }
+
+    fn problem(&self) -> Problem {
+        use StatusCode as S;
+        match self {
+            Self::BadRequest {
+                code,
+                field,
+                detail,
+            } => {
+                let p = Problem::new(S::BAD_REQUEST, code, "Bad request", detail.clone());
+                match field {
+                    Some(f) => p.with_field(f.clone()),
+                    None => p,
+                }
+            }
+            Self::Invalid { field, detail } => Problem::new(
+                S::UNPROCESSABLE_ENTITY,
+                "invalid-field",
+                "Invalid field",
+                detail.clone(),
+            )
+            .with_field(field.clone()),
+            Self::BodyTooLarge { .. } => Problem::new(
+                S::PAYLOAD_TOO_LARGE,
+                "body-too-large",
+                "Request body too large",
+                self.to_string(),
+            ),
+            Self::UnsupportedMediaType => Problem::new(
+                S::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported-media-type",
+                "Unsupported media type",
+                self.to_string(),
+            ),
+            Self::Unauthorized(err) => Problem::new(
+                S::UNAUTHORIZED,
+                "unauthorized",
+                "Unauthorized",
+                err.to_string(),
+            ),
+            Self::NotFound { .. } => {
+                Problem::new(S::NOT_FOUND, "not-found", "Not found", self.to_string())
+            }
+            Self::Forbidden { detail } => {
+                Problem::new(S::FORBIDDEN, "forbidden", "Forbidden", detail.clone())
+            }
+            Self::Conflict { code, detail } => {
+                Problem::new(S::CONFLICT, code, "Conflict", detail.clone())
+            }
+            Self::Unavailable(_) => Problem::new(
+                S::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "Service unavailable",
+                "the database is busy; retry with the same clientMsgId",
+            ),
+            // The cause goes to the log, not to the client.
+            Self::Database(_) => Problem::new(
+                S::INTERNAL_SERVER_ERROR,
+                "internal",
+                "Internal error",
+                "the request failed and changed nothing; retry with the same clientMsgId",
+            ),
+        }
+    }
+}
+
+/// The error's full text, attached to the response for the logging middleware.
+#[derive(Debug, Clone)]
+pub struct ErrorCause(pub String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = self.problem().into_response();
+        if matches!(self, Self::Unauthorized(_)) {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+            .extensions_mut()
+            .insert(ErrorCause(error_chain(&self)));
+        response
+    }
+}
+
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

@@ -1,0 +1,64 @@
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use chatpipe_core::auth::TokenKeys;
+use chatpipe_core::UserId;
+use clap::{Parser, Subcommand};
+use ingest_api::configuration::Settings;
+use ingest_api::startup::{self, Application};
+
+#[derive(Parser)]
+#[command(name = "ingest-api", about = "chatpipe REST API", version)]
+struct Cli {
+    /// A TOML file overriding the built-in defaults (config/ingest-api.toml).
+    #[arg(long, global = true, env = "INGEST_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the API (the default).
+    Serve,
+    /// Apply pending migrations and exit.
+    Migrate,
+    /// Print a bearer token for local use.
+    Token {
+        #[arg(long)]
+        user: i64,
+        /// Lifetime in seconds.
+        #[arg(long, default_value_t = 86_400)]
+        ttl: u64,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    chatpipe_core::telemetry::init_logging();
+    let settings = Settings::load(cli.config.as_deref()).context("loading configuration")?;
+    match cli.command.unwrap_or(Command::Serve) {
+        Command::Serve => {
+            let app = Application::build(settings).await?;
+            tracing::info!(addr = %app.local_addr(), "ingest-api listening");
+            app.run_until_stopped(startup::shutdown_signal()).await?;
+        }
+        Command::Migrate => {
+            let pool = startup::connect(&settings.database).await?;
+            startup::MIGRATOR
+                .run(&pool)
+                .await
+                .context("applying migrations")?;
+            println!("migrations applied");
+        }
+        Command::Token { user, ttl } => {
+            let user = UserId::new(user).context("--user")?;
+            let keys =
+                TokenKeys::new(&settings.auth.jwt_secret, Duration::ZERO).context("JWT_SECRET")?;
+            println!("{}", keys.issue(user, Duration::from_secs(ttl)));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,46 @@
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use chatpipe_core::problem::Problem;
+
+use crate::startup::AppState;
+
+/// `GET /healthz`: the process is up.
+pub async fn healthz() -> impl IntoResponse {
+    axum::Json(serde_json::json!({ "status": "ok" }))
+}
+
+/// `GET /readyz`: the database answers within a second.
+pub async fn readyz(State(state): State<AppState>) -> axum::response::Response {
+    let probe = sqlx::query_scalar::<_, i32>("SELECT 1").fetch_one(&state.pool);
+    match tokio::time::timeout(Duration::from_secs(1), probe).await {
+        Ok(Ok(_)) => axum::Json(serde_json::json!({ "status": "ready" })).into_response(),
+        Ok(Err(err)) => not_ready(format!("database: {err}")),
+        Err(_) => not_ready("database did not answer within 1 s".into()),
+    }
+}
+
+fn not_ready(detail: String) -> axum::response::Response {
+    Problem::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "not-ready",
+        "Not ready",
+        detail,
+    )
+    .into_response()
+}
+
+/// `GET /metrics`: Prometheus text format.
+pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    let pool = &state.pool;
+    let idle = pool.num_idle() as f64;
+    metrics::gauge!("db_pool_connections", "state" => "idle").set(idle);
+    metrics::gauge!("db_pool_connections", "state" => "in_use").set(pool.size() as f64 - idle);
+    metrics::gauge!("db_pool_max_connections").set(pool.options().get_max_connections() as f64);
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
+}

@@ -1,0 +1,29 @@
+use axum::extract::State;
+use axum::response::IntoResponse;
+use serde::Deserialize;
+
+use crate::domain::page_limit;
+use crate::error::ApiError;
+use crate::extract::{Caller, Query};
+use crate::startup::AppState;
+use crate::store::inbox::{self as store, Cursor};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InboxQuery {
+    limit: Option<i64>,
+    cursor: Option<String>,
+}
+
+/// `GET /inbox?limit=&cursor=`
+pub async fn inbox(
+    State(state): State<AppState>,
+    Caller(user): Caller,
+    Query(q): Query<InboxQuery>,
+) -> Result<impl IntoResponse, ApiError> {
+    let limit = page_limit(q.limit, &state.limits)?;
+    let cursor = q.cursor.as_deref().map(Cursor::decode).transpose()?;
+    Ok(axum::Json(
+        store::inbox(&state.pool, user, cursor, limit, state.limits.preview_chars).await?,
+    ))
+}

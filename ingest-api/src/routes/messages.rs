@@ -1,0 +1,78 @@
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use serde::Deserialize;
+use uuid::Uuid;
+
+use crate::domain::{page_limit, MessageBody};
+use crate::error::ApiError;
+use crate::extract::{Caller, ConversationPath, Json, Query};
+use crate::startup::AppState;
+use crate::store::messages::{self as store, Page, SendOutcome};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SendMessage {
+    client_msg_id: Uuid,
+    body: String,
+}
+
+/// `POST /conversations/{id}/messages`: 201 for a new message, 200 for a replay.
+pub async fn send(
+    State(state): State<AppState>,
+    Caller(sender): Caller,
+    ConversationPath(conversation): ConversationPath,
+    Json(req): Json<SendMessage>,
+) -> Result<impl IntoResponse, ApiError> {
+    let body = MessageBody::parse(req.body, &state.limits)?;
+    Ok(
+        match store::send(&state.pool, conversation, sender, req.client_msg_id, &body).await? {
+            SendOutcome::Created(sent) => (StatusCode::CREATED, axum::Json(sent)),
+            SendOutcome::Replayed(sent) => (StatusCode::OK, axum::Json(sent)),
+        },
+    )
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct HistoryQuery {
+    before_seq: Option<i64>,
+    after_seq: Option<i64>,
+    limit: Option<i64>,
+}
+
+/// `GET /conversations/{id}/messages?beforeSeq=&afterSeq=&limit=`
+pub async fn history(
+    State(state): State<AppState>,
+    Caller(reader): Caller,
+    ConversationPath(conversation): ConversationPath,
+    Query(q): Query<HistoryQuery>,
+) -> Result<impl IntoResponse, ApiError> {
+    let limit = page_limit(q.limit, &state.limits)?;
+    let page = match (q.before_seq, q.after_seq) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::bad_parameter(
+                "afterSeq",
+                "give beforeSeq or afterSeq, not both",
+            ));
+        }
+        (Some(before), None) if before < 1 => {
+            return Err(ApiError::bad_parameter(
+                "beforeSeq",
+                format!("must be a positive seq, got {before}"),
+            ));
+        }
+        (None, Some(after)) if after < 0 => {
+            return Err(ApiError::bad_parameter(
+                "afterSeq",
+                format!("must be 0 or a positive seq, got {after}"),
+            ));
+        }
+        (Some(before), None) => Page::Before(before),
+        (None, Some(after)) => Page::After(after),
+        (None, None) => Page::Newest,
+    };
+    Ok(axum::Json(
+        store::history(&state.pool, conversation, reader, page, limit).await?,
+    ))
+}

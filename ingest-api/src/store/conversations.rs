@@ -1,0 +1,330 @@
+//! Creating conversations and changing who is in them.
+
+use chatpipe_core::{ConversationId, UserId};
+use chatpipe_schemas::{ChatEvent, ConversationCreated, MemberJoined, MemberLeft};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::{PgConnection, PgPool};
+
+use super::{now, write_outbox};
+use crate::error::ApiError;
+
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[serde(rename_all = "camelCase")]
+pub struct ConversationView {
+    #[sqlx(rename = "id")]
+    pub conversation_id: i64,
+    #[serde(rename = "type")]
+    #[sqlx(rename = "type")]
+    pub kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    pub created_by: i64,
+    pub created_at: DateTime<Utc>,
+    pub last_seq: i64,
+    pub member_count: i32,
+    /// The other member of a DIRECT conversation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peer_id: Option<i64>,
+}
+
+const VIEW_COLUMNS: &str =
+    "c.id, c.type, c.title, c.created_by, c.created_at, c.last_seq, c.member_count";
+
+/// A new GROUP with the creator and `member_ids` (already validated and deduplicated).
+pub async fn create_group(
+    pool: &PgPool,
+    creator: UserId,
+    title: Option<String>,
+    mut member_ids: Vec<i64>,
+    max_members: usize,
+) -> Result<ConversationView, ApiError> {
+    if !member_ids.contains(&creator.get()) {
+        member_ids.push(creator.get());
+    }
+    if member_ids.len() > max_members {
+        return Err(member_limit(member_ids.len(), max_members));
+    }
+    let at = now();
+    let mut tx = pool.begin().await?;
+    let view: ConversationView = sqlx::query_as(&format!(
+        "INSERT INTO conversation AS c (type, title, created_by, created_at, last_activity_at, member_count)
+         VALUES ('GROUP', $1, $2, $3, $3, $4)
+         RETURNING {VIEW_COLUMNS}, NULL::bigint AS peer_id"
+    ))
+    .bind(&title)
+    .bind(creator.get())
+    .bind(at)
+    .bind(member_ids.len() as i32)
+    .fetch_one(&mut *tx)
+    .await?;
+    let id = view.conversation_id;
+    insert_members(&mut tx, id, &member_ids, 0).await?;
+    let mut events = vec![ChatEvent::ConversationCreated(ConversationCreated {
+        conversation_id: id,
+        conversation_type: "GROUP".into(),
+        title,
+        created_by: creator.get(),
+        occurred_at: at,
+    })];
+    events.extend(joined_events(id, &member_ids, 0, creator, at));
+    write_outbox(&mut tx, &events).await?;
+    tx.commit().await?;
+    Ok(view)
+}
+
+/// The single DIRECT conversation of `caller` and `peer`, and whether this call made it.
+/// Concurrent calls for one pair race on `direct_pair`'s key: one inserts, the others
+/// roll back and read the winner's conversation.
+pub async fn open_direct(
+    pool: &PgPool,
+    caller: UserId,
+    peer: UserId,
+) -> Result<(ConversationView, bool), ApiError> {
+    let (low, high) = if caller < peer {
+        (caller, peer)
+    } else {
+        (peer, caller)
+    };
+    if let Some(view) = find_direct(pool, caller, low, high).await? {
+        return Ok((view, false));
+    }
+    let at = now();
+    let mut tx = pool.begin().await?;
+    let mut view: ConversationView = sqlx::query_as(&format!(
+        "INSERT INTO conversation AS c (type, created_by, created_at, last_activity_at, member_count)
+         VALUES ('DIRECT', $1, $2, $2, 2)
+         RETURNING {VIEW_COLUMNS}, NULL::bigint AS peer_id"
+    ))
+    .bind(caller.get())
+    .bind(at)
+    .fetch_one(&mut *tx)
+    .await?;
+    let id = view.conversation_id;
+    // Waits for a concurrent insert of the same pair to commit or roll back.
+    let won = sqlx::query(
+        "INSERT INTO direct_pair (user_low, user_high, conversation_id) VALUES ($1, $2, $3)
+         ON CONFLICT (user_low, user_high) DO NOTHING",
+    )
+    .bind(low.get())
+    .bind(high.get())
+    .bind(id)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected()
+        == 1;
+    if !won {
+        tx.rollback().await?;
+        let view = find_direct(pool, caller, low, high)
+            .await?
+            .ok_or(ApiError::Database(sqlx::Error::RowNotFound))?;
+        return Ok((view, false));
+    }
+    let members = [low.get(), high.get()];
+    insert_members(&mut tx, id, &members, 0).await?;
+    let mut events = vec![ChatEvent::ConversationCreated(ConversationCreated {
+        conversation_id: id,
+        conversation_type: "DIRECT".into(),
+        title: None,
+        created_by: caller.get(),
+        occurred_at: at,
+    })];
+    events.extend(joined_events(id, &members, 0, caller, at));
+    write_outbox(&mut tx, &events).await?;
+    tx.commit().await?;
+    view.peer_id = Some(peer.get());
+    Ok((view, true))
+}
+
+async fn find_direct(
+    pool: &PgPool,
+    caller: UserId,
+    low: UserId,
+    high: UserId,
+) -> Result<Option<ConversationView>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT {VIEW_COLUMNS},
+                CASE WHEN p.user_low = $3 THEN p.user_high ELSE p.user_low END AS peer_id
+           FROM direct_pair p JOIN conversation c ON c.id = p.conversation_id
+          WHERE p.user_low = $1 AND p.user_high = $2"
+    ))
+    .bind(low.get())
+    .bind(high.get())
+    .bind(caller.get())
+    .fetch_optional(pool)
+    .await
+}
+
+/// What the membership lock returns: the conversation row, locked `FOR UPDATE`, if the
+/// caller is a member.
+#[derive(sqlx::FromRow)]
+struct Locked {
+    #[sqlx(rename = "type")]
+    kind: String,
+    created_by: i64,
+    last_seq: i64,
+    member_count: i32,
+}
+
+async fn lock_as_member(
+    conn: &mut PgConnection,
+    conversation: ConversationId,
+    caller: UserId,
+) -> Result<Locked, ApiError> {
+    sqlx::query_as(
+        "SELECT c.type, c.created_by, c.last_seq, c.member_count
+           FROM conversation c
+          WHERE c.id = $1
+            AND EXISTS (SELECT 1 FROM conversation_member m WHERE m.conversation_id = c.id AND m.user_id = $2)
+            FOR UPDATE",
+    )
+    .bind(conversation.get())
+    .bind(caller.get())
+    .fetch_optional(conn)
+    .await?
+    .ok_or_else(ApiError::conversation_not_found)
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MembersAdded {
+    pub conversation_id: i64,
+    /// The users who were not members before this call.
+    pub added: Vec<i64>,
+    pub member_count: i32,
+    /// The watermark the new members start at: the conversation's last_seq.
+    pub last_read_seq: i64,
+}
+
+/// Adds members to a GROUP. They start at `last_read_seq = last_seq`: no inherited unread.
+/// All or nothing: past the cap, nobody is added.
+pub async fn add_members(
+    pool: &PgPool,
+    conversation: ConversationId,
+    caller: UserId,
+    user_ids: &[i64],
+    max_members: usize,
+) -> Result<MembersAdded, ApiError> {
+    let mut tx = pool.begin().await?;
+    let locked = lock_as_member(&mut tx, conversation, caller).await?;
+    if locked.kind == "DIRECT" {
+        return Err(ApiError::conflict(
+            "direct-membership-fixed",
+            "a DIRECT conversation has exactly its two members",
+        ));
+    }
+    let added = insert_members(&mut tx, conversation.get(), user_ids, locked.last_seq).await?;
+    let member_count = locked.member_count as usize + added.len();
+    if member_count > max_members {
+        // Dropping `tx` rolls the inserts back.
+        return Err(member_limit(member_count, max_members));
+    }
+    sqlx::query("UPDATE conversation SET member_count = $2 WHERE id = $1")
+        .bind(conversation.get())
+        .bind(member_count as i32)
+        .execute(&mut *tx)
+        .await?;
+    let events: Vec<_> =
+        joined_events(conversation.get(), &added, locked.last_seq, caller, now()).collect();
+    write_outbox(&mut tx, &events).await?;
+    tx.commit().await?;
+    Ok(MembersAdded {
+        conversation_id: conversation.get(),
+        added,
+        member_count: member_count as i32,
+        last_read_seq: locked.last_seq,
+    })
+}
+
+/// Removes a member from a GROUP: a member may leave, the creator may remove anyone.
+pub async fn remove_member(
+    pool: &PgPool,
+    conversation: ConversationId,
+    caller: UserId,
+    user: UserId,
+) -> Result<(), ApiError> {
+    let mut tx = pool.begin().await?;
+    let locked = lock_as_member(&mut tx, conversation, caller).await?;
+    if locked.kind == "DIRECT" {
+        return Err(ApiError::conflict(
+            "direct-membership-fixed",
+            "a DIRECT conversation has exactly its two members",
+        ));
+    }
+    if user != caller && locked.created_by != caller.get() {
+        return Err(ApiError::Forbidden {
+            detail: "only the group's creator may remove other members".into(),
+        });
+    }
+    let removed =
+        sqlx::query("DELETE FROM conversation_member WHERE conversation_id = $1 AND user_id = $2")
+            .bind(conversation.get())
+            .bind(user.get())
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+    if removed == 0 {
+        return Err(ApiError::NotFound { what: "member" });
+    }
+    sqlx::query("UPDATE conversation SET member_count = member_count - 1 WHERE id = $1")
+        .bind(conversation.get())
+        .execute(&mut *tx)
+        .await?;
+    let event = ChatEvent::MemberLeft(MemberLeft {
+        conversation_id: conversation.get(),
+        user_id: user.get(),
+        removed_by: caller.get(),
+        occurred_at: now(),
+    });
+    write_outbox(&mut tx, &[event]).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Inserts the users not yet members, at watermark `last_read_seq`; returns who was new.
+async fn insert_members(
+    conn: &mut PgConnection,
+    conversation: i64,
+    user_ids: &[i64],
+    last_read_seq: i64,
+) -> Result<Vec<i64>, sqlx::Error> {
+    let mut added: Vec<i64> = sqlx::query_scalar(
+        "INSERT INTO conversation_member (conversation_id, user_id, last_read_seq)
+         SELECT $1, u, $3 FROM unnest($2::bigint[]) AS u
+         ON CONFLICT (conversation_id, user_id) DO NOTHING
+         RETURNING user_id",
+    )
+    .bind(conversation)
+    .bind(user_ids)
+    .bind(last_read_seq)
+    .fetch_all(conn)
+    .await?;
+    added.sort_unstable();
+    Ok(added)
+}
+
+fn joined_events(
+    conversation: i64,
+    users: &[i64],
+    last_read_seq: i64,
+    added_by: UserId,
+    at: DateTime<Utc>,
+) -> impl Iterator<Item = ChatEvent> + '_ {
+    users.iter().map(move |&user_id| {
+        ChatEvent::MemberJoined(MemberJoined {
+            conversation_id: conversation,
+            user_id,
+            last_read_seq,
+            added_by: added_by.get(),
+            occurred_at: at,
+        })
+    })
+}
+
+fn member_limit(count: usize, max: usize) -> ApiError {
+    metrics::counter!("member_limit_rejections_total").increment(1);
+    ApiError::conflict(
+        "member-limit",
+        format!("{count} members would exceed the limit of {max}"),
+    )
+}

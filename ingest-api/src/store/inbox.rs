@@ -1,0 +1,167 @@
+//! The inbox: a user's conversations, newest activity first, with unread counts.
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use chatpipe_core::UserId;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+
+use crate::error::ApiError;
+
+#[derive(Debug, Serialize, sqlx::FromRow)]
+#[serde(rename_all = "camelCase")]
+pub struct InboxEntry {
+    pub conversation_id: i64,
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    pub last_seq: i64,
+    pub last_read_seq: i64,
+    /// `last_seq - last_read_seq`: a subtraction, never a COUNT (invariant 7).
+    pub unread_count: i64,
+    pub member_count: i32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peer_id: Option<i64>,
+    pub last_activity_at: DateTime<Utc>,
+    #[sqlx(flatten)]
+    #[serde(skip)]
+    last: LastMessageRow,
+    #[sqlx(skip)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_message: Option<LastMessage>,
+}
+
+#[derive(Debug, Default, sqlx::FromRow)]
+struct LastMessageRow {
+    last_message_seq: Option<i64>,
+    last_message_sender_id: Option<i64>,
+    last_message_preview: Option<String>,
+    last_message_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LastMessage {
+    pub seq: i64,
+    pub sender_id: i64,
+    /// The first `limits.preview_chars` characters of the body.
+    pub preview: String,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InboxPage {
+    pub conversations: Vec<InboxEntry>,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// Keyset position: the (last_activity_at, id) of the last entry of the previous page.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Cursor {
+    activity_micros: i64,
+    conversation_id: i64,
+}
+
+impl Cursor {
+    pub fn encode(&self) -> String {
+        URL_SAFE_NO_PAD.encode(format!("{}:{}", self.activity_micros, self.conversation_id))
+    }
+
+    pub fn decode(raw: &str) -> Result<Self, ApiError> {
+        let bad = || ApiError::bad_parameter("cursor", "is not a cursor this API returned");
+        let text = URL_SAFE_NO_PAD.decode(raw).map_err(|_| bad())?;
+        let text = String::from_utf8(text).map_err(|_| bad())?;
+        let (micros, id) = text.split_once(':').ok_or_else(bad)?;
+        Ok(Self {
+            activity_micros: micros.parse().map_err(|_| bad())?,
+            conversation_id: id.parse().map_err(|_| bad())?,
+        })
+    }
+}
+
+pub async fn inbox(
+    pool: &PgPool,
+    user: UserId,
+    cursor: Option<Cursor>,
+    limit: i64,
+    preview_chars: usize,
+) -> Result<InboxPage, ApiError> {
+    let after = cursor.and_then(|c| {
+        DateTime::from_timestamp_micros(c.activity_micros).map(|t| (t, c.conversation_id))
+    });
+    let mut conversations: Vec<InboxEntry> = sqlx::query_as(
+        "SELECT c.id AS conversation_id, c.type AS kind, c.title, c.last_seq, m.last_read_seq,
+                c.last_seq - m.last_read_seq AS unread_count, c.member_count, c.last_activity_at,
+                CASE WHEN p.user_low = $1 THEN p.user_high ELSE p.user_low END AS peer_id,
+                lm.seq AS last_message_seq, lm.sender_id AS last_message_sender_id,
+                left(lm.body, $5) AS last_message_preview, lm.created_at AS last_message_at
+           FROM conversation_member m
+           JOIN conversation c ON c.id = m.conversation_id
+           LEFT JOIN direct_pair p ON p.conversation_id = c.id
+           LEFT JOIN message lm ON lm.conversation_id = c.id AND lm.seq = c.last_seq
+          WHERE m.user_id = $1
+            AND ($2::timestamptz IS NULL OR (c.last_activity_at, c.id) < ($2, $3))
+          ORDER BY c.last_activity_at DESC, c.id DESC
+          LIMIT $4",
+    )
+    .bind(user.get())
+    .bind(after.map(|(t, _)| t))
+    .bind(after.map(|(_, id)| id).unwrap_or(0))
+    .bind(limit + 1)
+    .bind(preview_chars as i32)
+    .fetch_all(pool)
+    .await?;
+
+    let next_cursor = if conversations.len() as i64 > limit {
+        conversations.truncate(limit as usize);
+        conversations.last().map(|e| {
+            Cursor {
+                activity_micros: e.last_activity_at.timestamp_micros(),
+                conversation_id: e.conversation_id,
+            }
+            .encode()
+        })
+    } else {
+        None
+    };
+    for entry in &mut conversations {
+        let row = std::mem::take(&mut entry.last);
+        if let (Some(seq), Some(sender_id), Some(preview), Some(created_at)) = (
+            row.last_message_seq,
+            row.last_message_sender_id,
+            row.last_message_preview,
+            row.last_message_at,
+        ) {
+            entry.last_message = Some(LastMessage {
+                seq,
+                sender_id,
+                preview,
+                created_at,
+            });
+        }
+    }
+    Ok(InboxPage {
+        conversations,
+        next_cursor,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursor_round_trips_and_rejects_garbage() {
+        let c = Cursor {
+            activity_micros: 1_700_000_000_123_456,
+            conversation_id: 42,
+        };
+        assert_eq!(Cursor::decode(&c.encode()).unwrap(), c);
+        assert!(Cursor::decode("not-a-cursor!").is_err());
+        assert!(Cursor::decode(&URL_SAFE_NO_PAD.encode("12:x")).is_err());
+    }
+}

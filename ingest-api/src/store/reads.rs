@@ -1,0 +1,142 @@
+//! Read state: the monotone watermark and "read by N".
+
+use chatpipe_core::{ConversationId, Seq, UserId};
+use chatpipe_schemas::{ChatEvent, ReadUpdated};
+use serde::Serialize;
+use sqlx::PgPool;
+
+use super::{now, write_outbox};
+use crate::error::ApiError;
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReadOutcome {
+    pub last_read_seq: i64,
+    /// False when the watermark was already at or past the (clamped) seq.
+    pub advanced: bool,
+}
+
+/// The article's guarded UPDATE: the watermark moves only forwards and never past
+/// `last_seq`. `read.updated` goes to the outbox only when it moved, in the same
+/// transaction.
+pub async fn mark_read(
+    pool: &PgPool,
+    conversation: ConversationId,
+    reader: UserId,
+    seq: Seq,
+) -> Result<ReadOutcome, ApiError> {
+    let mut tx = pool.begin().await?;
+    let advanced_to: Option<i64> = sqlx::query_scalar(
+        "UPDATE conversation_member m
+            SET last_read_seq = LEAST($3, c.last_seq)
+           FROM conversation c
+          WHERE c.id = m.conversation_id
+            AND m.conversation_id = $1 AND m.user_id = $2
+            AND m.last_read_seq < LEAST($3, c.last_seq)
+      RETURNING m.last_read_seq",
+    )
+    .bind(conversation.get())
+    .bind(reader.get())
+    .bind(seq.get())
+    .fetch_optional(&mut *tx)
+    .await?;
+
+    let Some(last_read_seq) = advanced_to else {
+        // Nothing moved: either the caller is no member, or the watermark is already there.
+        let current: i64 = sqlx::query_scalar(
+            "SELECT last_read_seq FROM conversation_member WHERE conversation_id = $1 AND user_id = $2",
+        )
+        .bind(conversation.get())
+        .bind(reader.get())
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or_else(ApiError::conversation_not_found)?;
+        return Ok(ReadOutcome {
+            last_read_seq: current,
+            advanced: false,
+        });
+    };
+    let event = ChatEvent::ReadUpdated(ReadUpdated {
+        conversation_id: conversation.get(),
+        user_id: reader.get(),
+        last_read_seq,
+        occurred_at: now(),
+    });
+    write_outbox(&mut tx, &[event]).await?;
+    tx.commit().await?;
+    metrics::counter!("read_watermark_advances_total").increment(1);
+    Ok(ReadOutcome {
+        last_read_seq,
+        advanced: true,
+    })
+}
+
+/// Receipts of one message: "read by N" for a group, "read" for a DIRECT chat.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase", untagged)]
+pub enum Receipts {
+    #[serde(rename_all = "camelCase")]
+    Group {
+        conversation_id: i64,
+        seq: i64,
+        /// Members other than the sender whose watermark is at or past `seq`.
+        read_by: i64,
+        /// All members, the sender included.
+        member_count: i32,
+    },
+    #[serde(rename_all = "camelCase")]
+    Direct {
+        conversation_id: i64,
+        seq: i64,
+        read: bool,
+    },
+}
+
+/// Counts members with `last_read_seq >= seq` (a range scan on the watermark index);
+/// there are no per-message receipt rows.
+pub async fn receipts(
+    pool: &PgPool,
+    conversation: ConversationId,
+    caller: UserId,
+    seq: Seq,
+) -> Result<Receipts, ApiError> {
+    let (kind, member_count): (String, i32) = sqlx::query_as(
+        "SELECT c.type, c.member_count FROM conversation c
+           JOIN conversation_member m ON m.conversation_id = c.id AND m.user_id = $2
+          WHERE c.id = $1",
+    )
+    .bind(conversation.get())
+    .bind(caller.get())
+    .fetch_optional(pool)
+    .await?
+    .ok_or_else(ApiError::conversation_not_found)?;
+
+    let read_by: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM conversation_member r
+                  WHERE r.conversation_id = msg.conversation_id
+                    AND r.last_read_seq >= msg.seq
+                    AND r.user_id <> msg.sender_id)
+           FROM message msg
+          WHERE msg.conversation_id = $1 AND msg.seq = $2",
+    )
+    .bind(conversation.get())
+    .bind(seq.get())
+    .fetch_optional(pool)
+    .await?
+    .ok_or(ApiError::NotFound { what: "message" })?;
+
+    Ok(if kind == "DIRECT" {
+        Receipts::Direct {
+            conversation_id: conversation.get(),
+            seq: seq.get(),
+            read: read_by > 0,
+        }
+    } else {
+        Receipts::Group {
+            conversation_id: conversation.get(),
+            seq: seq.get(),
+            read_by,
+            member_count,
+        }
+    })
+}

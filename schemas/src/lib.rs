@@ -1,0 +1,135 @@
+//! The `chat.events` contract as Rust types.
+//!
+//! Every event names its conversation (the Kafka key) and the moment it happened.
+//! Consumers dedupe messages by `(conversationId, seq)` and reads by
+//! `(conversationId, userId, lastReadSeq)` (DESIGN.md, invariant 5).
+//!
+//! Today the ingest-api writes these as JSON into the outbox; the Avro schemas in
+//! this folder and Confluent framing replace that encoding with issue 3, the types stay.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// The outbox `aggregatetype` of every event here: the router sends it to `chat.events`.
+pub const AGGREGATE_TYPE: &str = "conversation";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum ChatEvent {
+    #[serde(rename = "conversation.created")]
+    ConversationCreated(ConversationCreated),
+    #[serde(rename = "member.joined")]
+    MemberJoined(MemberJoined),
+    #[serde(rename = "member.left")]
+    MemberLeft(MemberLeft),
+    #[serde(rename = "message.new")]
+    MessageNew(MessageNew),
+    #[serde(rename = "read.updated")]
+    ReadUpdated(ReadUpdated),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConversationCreated {
+    pub conversation_id: i64,
+    /// `DIRECT` or `GROUP`.
+    pub conversation_type: String,
+    pub title: Option<String>,
+    pub created_by: i64,
+    pub occurred_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberJoined {
+    pub conversation_id: i64,
+    pub user_id: i64,
+    /// The conversation's last_seq when the member joined: their starting watermark.
+    pub last_read_seq: i64,
+    pub added_by: i64,
+    pub occurred_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberLeft {
+    pub conversation_id: i64,
+    pub user_id: i64,
+    pub removed_by: i64,
+    pub occurred_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MessageNew {
+    pub conversation_id: i64,
+    pub seq: i64,
+    pub sender_id: i64,
+    pub client_msg_id: Uuid,
+    pub body: String,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReadUpdated {
+    pub conversation_id: i64,
+    pub user_id: i64,
+    pub last_read_seq: i64,
+    pub occurred_at: DateTime<Utc>,
+}
+
+impl ChatEvent {
+    /// The event type as it appears in the envelope and in the outbox `type` column.
+    pub fn event_type(&self) -> &'static str {
+        match self {
+            Self::ConversationCreated(_) => "conversation.created",
+            Self::MemberJoined(_) => "member.joined",
+            Self::MemberLeft(_) => "member.left",
+            Self::MessageNew(_) => "message.new",
+            Self::ReadUpdated(_) => "read.updated",
+        }
+    }
+
+    /// The Kafka key: every event of a conversation lands on one partition, in order.
+    pub fn conversation_id(&self) -> i64 {
+        match self {
+            Self::ConversationCreated(e) => e.conversation_id,
+            Self::MemberJoined(e) => e.conversation_id,
+            Self::MemberLeft(e) => e.conversation_id,
+            Self::MessageNew(e) => e.conversation_id,
+            Self::ReadUpdated(e) => e.conversation_id,
+        }
+    }
+
+    /// The outbox payload bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("events always serialize")
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, serde_json::Error> {
+        serde_json::from_slice(bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envelope_carries_type_and_camel_case_fields() {
+        let event = ChatEvent::ReadUpdated(ReadUpdated {
+            conversation_id: 7,
+            user_id: 20,
+            last_read_seq: 5,
+            occurred_at: DateTime::from_timestamp(1_700_000_000, 0).unwrap(),
+        });
+        let json: serde_json::Value = serde_json::from_slice(&event.encode()).unwrap();
+        assert_eq!(json["type"], "read.updated");
+        assert_eq!(json["conversationId"], 7);
+        assert_eq!(json["lastReadSeq"], 5);
+        assert_eq!(ChatEvent::decode(&event.encode()).unwrap(), event);
+        assert_eq!(event.event_type(), "read.updated");
+    }
+}

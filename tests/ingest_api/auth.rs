@@ -1,0 +1,118 @@
+use chatpipe_tests::spawn_app;
+use serde_json::json;
+
+#[tokio::test]
+async fn missing_malformed_expired_and_forged_tokens_are_401() {
+    let app = spawn_app().await;
+    let forged = {
+        use chatpipe_core::auth::TokenKeys;
+        let other = TokenKeys::new(
+            &"some-other-secret-some-other-secret".to_owned().into(),
+            Default::default(),
+        )
+        .unwrap();
+        other.issue(
+            chatpipe_core::UserId::new(10).unwrap(),
+            std::time::Duration::from_secs(3600),
+        )
+    };
+    let unsigned = {
+        // A token with alg "none": header.payload. and no signature.
+        use base64_url as b64;
+        format!(
+            "{}.{}.",
+            b64("{\"alg\":\"none\",\"typ\":\"JWT\"}"),
+            b64("{\"sub\":\"10\",\"exp\":99999999999}")
+        )
+    };
+    let headers = [
+        None,
+        Some("Bearer".to_owned()),
+        Some("Bearer not-a-jwt".to_owned()),
+        Some(format!("Basic {}", app.token(10))),
+        Some(format!("Bearer {}", app.expired_token(10))),
+        Some(format!("Bearer {forged}")),
+        Some(format!("Bearer {unsigned}")),
+    ];
+    for header in headers {
+        let client = app.with_auth(header.clone());
+        let res = client.get("/inbox").await;
+        let problem = res.problem(401);
+        assert_eq!(problem["type"], "/problems/unauthorized", "for {header:?}");
+        let res = client
+            .post("/conversations", json!({"type": "GROUP", "memberIds": []}))
+            .await;
+        res.problem(401);
+    }
+    assert_eq!(app.count("SELECT count(*) FROM conversation").await, 0);
+}
+
+fn base64_url(s: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s)
+}
+
+#[tokio::test]
+async fn a_valid_token_authenticates_its_subject() {
+    let app = spawn_app().await;
+    let conv = app.user(77).create_group(&[]).await;
+    let inbox = app.user(77).get("/inbox").await.expect(200);
+    assert_eq!(inbox["conversations"][0]["conversationId"], conv);
+}
+
+/// A non-member gets exactly what an unknown conversation gets, on every endpoint.
+#[tokio::test]
+async fn a_non_member_is_refused_on_every_conversation_endpoint_as_if_it_did_not_exist() {
+    let app = spawn_app().await;
+    let conv = app.user(10).create_group(&[20]).await;
+    let seq = app.user(10).send_message(conv, "secret plans").await;
+    let stranger = app.user(666);
+    let unknown = conv + 1000;
+
+    for id in [conv, unknown] {
+        let answers = vec![
+            stranger.get(&format!("/conversations/{id}/messages")).await,
+            stranger
+                .get(&format!("/conversations/{id}/messages?afterSeq=0"))
+                .await,
+            stranger
+                .post(
+                    &format!("/conversations/{id}/messages"),
+                    json!({"clientMsgId": uuid::Uuid::new_v4(), "body": "hi"}),
+                )
+                .await,
+            stranger
+                .post(&format!("/conversations/{id}/read"), json!({"seq": seq}))
+                .await,
+            stranger
+                .get(&format!("/conversations/{id}/messages/{seq}/receipts"))
+                .await,
+            stranger
+                .post(
+                    &format!("/conversations/{id}/members"),
+                    json!({"userIds": [666]}),
+                )
+                .await,
+            stranger
+                .delete(&format!("/conversations/{id}/members/20"))
+                .await,
+            stranger
+                .delete(&format!("/conversations/{id}/members/666"))
+                .await,
+        ];
+        for res in answers {
+            let problem = res.problem(404);
+            assert_eq!(
+                problem["detail"], "conversation not found",
+                "no hint that {id} exists"
+            );
+        }
+    }
+    let inbox = stranger.get("/inbox").await.expect(200);
+    assert_eq!(inbox["conversations"], json!([]));
+    assert_eq!(app.count("SELECT count(*) FROM message").await, 1);
+    assert_eq!(
+        app.count("SELECT count(*) FROM conversation_member").await,
+        2
+    );
+}

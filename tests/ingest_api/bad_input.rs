@@ -1,0 +1,259 @@
+//! Every kind of bad input gets a 4xx problem+json naming the field, and writes nothing.
+
+use chatpipe_tests::{spawn_app, spawn_app_with, TestApp};
+use serde_json::{json, Value};
+
+async fn group_with_one_message(app: &TestApp) -> i64 {
+    let conv = app.user(10).create_group(&[20]).await;
+    app.user(10).send_message(conv, "hello").await;
+    conv
+}
+
+async fn nothing_written(app: &TestApp) {
+    assert_eq!(app.count("SELECT count(*) FROM message").await, 1);
+    assert_eq!(app.count("SELECT last_seq FROM conversation").await, 1);
+    assert_eq!(
+        app.count("SELECT count(*) FROM outbox WHERE type IN ('message.new', 'read.updated')")
+            .await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn bad_send_bodies_are_refused_with_the_field_named() {
+    let app = spawn_app().await;
+    let conv = group_with_one_message(&app).await;
+    let alice = app.user(10);
+    let path = format!("/conversations/{conv}/messages");
+    let id = uuid::Uuid::new_v4();
+    let long = "ü".repeat(4001);
+
+    let cases: Vec<(Value, u16, &str)> = vec![
+        (json!({"clientMsgId": id}), 422, "body"),
+        (json!({"body": "hi"}), 422, "clientMsgId"),
+        (
+            json!({"clientMsgId": "not-a-uuid", "body": "hi"}),
+            422,
+            "clientMsgId",
+        ),
+        (json!({"clientMsgId": 12, "body": "hi"}), 422, "clientMsgId"),
+        (json!({"clientMsgId": id, "body": 42}), 422, "body"),
+        (json!({"clientMsgId": id, "body": ""}), 422, "body"),
+        (json!({"clientMsgId": id, "body": "   "}), 422, "body"),
+        (json!({"clientMsgId": id, "body": long}), 422, "body"),
+        (
+            json!({"clientMsgId": id, "body": "hi", "sender": 3}),
+            422,
+            "sender",
+        ),
+        (json!(["clientMsgId", "body"]), 422, "(body)"),
+    ];
+    for (body, status, field) in cases {
+        let problem = alice.post(&path, body.clone()).await.problem(status);
+        assert_eq!(problem["field"], field, "for {body}: {problem}");
+    }
+    // Exactly at the limit is fine.
+    alice
+        .post(
+            &path,
+            json!({"clientMsgId": uuid::Uuid::new_v4(), "body": "ü".repeat(4000)}),
+        )
+        .await
+        .expect(201);
+    assert_eq!(app.count("SELECT count(*) FROM message").await, 2);
+}
+
+#[tokio::test]
+async fn malformed_empty_and_untyped_bodies_are_refused() {
+    let app = spawn_app().await;
+    let conv = group_with_one_message(&app).await;
+    let alice = app.user(10);
+    let path = format!("/conversations/{conv}/messages");
+    let json_ct = Some("application/json");
+
+    let problem = alice
+        .post_raw(&path, json_ct, b"{\"clientMsgId\": ".to_vec())
+        .await
+        .problem(400);
+    assert_eq!(problem["type"], "/problems/malformed-json");
+    alice
+        .post_raw(&path, json_ct, b"{} trailing".to_vec())
+        .await
+        .problem(400);
+    let problem = alice
+        .post_raw(&path, json_ct, Vec::new())
+        .await
+        .problem(400);
+    assert!(problem["detail"].as_str().unwrap().contains("empty"));
+    let problem = alice
+        .post_raw(&path, None, b"{}".to_vec())
+        .await
+        .problem(415);
+    assert_eq!(problem["type"], "/problems/unsupported-media-type");
+    alice
+        .post_raw(&path, Some("text/plain"), b"{}".to_vec())
+        .await
+        .problem(415);
+    nothing_written(&app).await;
+}
+
+#[tokio::test]
+async fn a_request_body_over_the_size_limit_is_413() {
+    let app = spawn_app_with(|s| s.http.max_request_bytes = 2048).await;
+    let conv = group_with_one_message(&app).await;
+    let body = json!({"clientMsgId": uuid::Uuid::new_v4(), "body": "a".repeat(3000)});
+    let problem = app
+        .user(10)
+        .post(&format!("/conversations/{conv}/messages"), body)
+        .await
+        .problem(413);
+    assert_eq!(problem["type"], "/problems/body-too-large");
+    nothing_written(&app).await;
+}
+
+#[tokio::test]
+async fn bad_read_requests_are_refused() {
+    let app = spawn_app().await;
+    let conv = group_with_one_message(&app).await;
+    let bob = app.user(20);
+    let path = format!("/conversations/{conv}/read");
+    for (body, field) in [
+        (json!({"seq": 0}), "seq"),
+        (json!({"seq": -4}), "seq"),
+        (json!({"seq": "5"}), "seq"),
+        (json!({"seq": 1.5}), "seq"),
+        (json!({}), "seq"),
+    ] {
+        let problem = bob.post(&path, body.clone()).await.problem(422);
+        assert_eq!(problem["field"], field, "for {body}");
+    }
+    nothing_written(&app).await;
+    assert_eq!(
+        app.count("SELECT max(last_read_seq) FROM conversation_member WHERE user_id = 20")
+            .await,
+        0
+    );
+}
+
+#[tokio::test]
+async fn bad_path_and_query_values_are_400_naming_the_parameter() {
+    let app = spawn_app().await;
+    let conv = group_with_one_message(&app).await;
+    let alice = app.user(10);
+    let cases = [
+        ("/conversations/abc/messages".to_owned(), "id"),
+        ("/conversations/0/messages".to_owned(), "id"),
+        ("/conversations/-1/messages".to_owned(), "id"),
+        (
+            "/conversations/99999999999999999999/messages".to_owned(),
+            "id",
+        ),
+        (format!("/conversations/{conv}/messages?limit=0"), "limit"),
+        (format!("/conversations/{conv}/messages?limit=201"), "limit"),
+        (format!("/conversations/{conv}/messages?limit=ten"), "limit"),
+        (
+            format!("/conversations/{conv}/messages?beforeSeq=0"),
+            "beforeSeq",
+        ),
+        (
+            format!("/conversations/{conv}/messages?beforeSeq=x"),
+            "beforeSeq",
+        ),
+        (
+            format!("/conversations/{conv}/messages?afterSeq=-1"),
+            "afterSeq",
+        ),
+        (
+            format!("/conversations/{conv}/messages?beforeSeq=3&afterSeq=1"),
+            "afterSeq",
+        ),
+        (format!("/conversations/{conv}/messages/0/receipts"), "seq"),
+        (format!("/conversations/{conv}/messages/x/receipts"), "seq"),
+        ("/inbox?limit=1000".to_owned(), "limit"),
+        ("/inbox?cursor=garbage".to_owned(), "cursor"),
+    ];
+    for (path, field) in cases {
+        let problem = alice.get(&path).await.problem(400);
+        assert_eq!(problem["field"], field, "for {path}: {problem}");
+    }
+    // A bad path id wins over a bad body.
+    let problem = alice
+        .post("/conversations/abc/messages", json!({}))
+        .await
+        .problem(400);
+    assert_eq!(problem["field"], "id");
+    let problem = alice
+        .delete(&format!("/conversations/{conv}/members/zero"))
+        .await
+        .problem(400);
+    assert_eq!(problem["field"], "userId");
+}
+
+#[tokio::test]
+async fn bad_conversation_requests_are_refused() {
+    let app = spawn_app().await;
+    let alice = app.user(10);
+    for (body, field, status) in [
+        (json!({"type": "DIRECT", "memberIds": [2]}), "type", 422),
+        (json!({"type": "GROUP"}), "memberIds", 422),
+        (
+            json!({"type": "GROUP", "memberIds": [0]}),
+            "memberIds[0]",
+            422,
+        ),
+        (
+            json!({"type": "GROUP", "memberIds": ["2"]}),
+            "memberIds[0]",
+            422,
+        ),
+        (
+            json!({"type": "GROUP", "memberIds": [2], "title": "t".repeat(201)}),
+            "title",
+            422,
+        ),
+    ] {
+        let problem = alice
+            .post("/conversations", body.clone())
+            .await
+            .problem(status);
+        assert_eq!(problem["field"], field, "for {body}: {problem}");
+    }
+    for (body, field) in [
+        (json!({"peerId": 0}), "peerId"),
+        (json!({"peerId": "x"}), "peerId"),
+        (json!({}), "peerId"),
+    ] {
+        let problem = alice.post("/direct", body.clone()).await.problem(422);
+        assert_eq!(problem["field"], field, "for {body}");
+    }
+    let conv = alice.create_group(&[20]).await;
+    let problem = alice
+        .post(
+            &format!("/conversations/{conv}/members"),
+            json!({"userIds": []}),
+        )
+        .await
+        .problem(422);
+    assert_eq!(problem["field"], "userIds");
+    let problem = alice
+        .post(
+            &format!("/conversations/{conv}/members"),
+            json!({"userIds": [5, -5]}),
+        )
+        .await
+        .problem(422);
+    assert_eq!(problem["field"], "userIds[1]");
+    assert_eq!(app.count("SELECT count(*) FROM conversation").await, 1);
+    assert_eq!(
+        app.count("SELECT count(*) FROM conversation_member").await,
+        2
+    );
+}
+
+#[tokio::test]
+async fn unknown_routes_and_methods_answer_problems() {
+    let app = spawn_app().await;
+    app.user(10).get("/nope").await.problem(404);
+    let res = app.user(10).delete("/inbox").await;
+    assert_eq!(res.problem(405)["type"], "/problems/method-not-allowed");
+}

@@ -1,0 +1,9 @@
+//! ingest-api against the real PostgreSQL: one fresh database per test.
+
+mod auth;
+mod bad_input;
+mod conversations;
+mod inbox;
+mod operations;
+mod reads;
+mod send;

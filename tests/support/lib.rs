@@ -1,0 +1,312 @@
+//! Test harness: starts the real ingest-api on a free port against the real PostgreSQL,
+//! each test in a fresh database of its own.
+//!
+//! PostgreSQL is found through `DATABASE_URL` (any database of the server; the harness
+//! creates its own next to it), default `postgres://postgres:postgres@127.0.0.1:5432/postgres`,
+//! which is what `scripts/stack up` starts. If it cannot be reached, the test fails and
+//! says so: nothing here skips.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use chatpipe_core::auth::{unix_now, TokenKeys};
+use chatpipe_core::UserId;
+use ingest_api::configuration::Settings;
+use ingest_api::startup::Application;
+use secrecy::SecretString;
+use serde_json::Value;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{Connection, Executor, PgConnection, PgPool};
+
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres:postgres@127.0.0.1:5432/postgres";
+pub const JWT_SECRET: &str = "test-secret-test-secret-test-secret!";
+const DB_PREFIX: &str = "cp_test_";
+
+pub fn server_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned())
+}
+
+/// `url` with its database name replaced.
+fn with_database(url: &str, db: &str) -> String {
+    let (base, query) = url
+        .split_once('?')
+        .map_or((url, None), |(b, q)| (b, Some(q)));
+    let base = base.rsplit_once('/').map_or(base, |(b, _)| b);
+    match query {
+        Some(q) => format!("{base}/{db}?{q}"),
+        None => format!("{base}/{db}"),
+    }
+}
+
+async fn admin_connection() -> PgConnection {
+    let url = server_url();
+    PgConnection::connect(&url).await.unwrap_or_else(|err| {
+        panic!(
+            "PostgreSQL is not reachable at {url}: {err}\n\
+             Start it with `scripts/stack up`, or point DATABASE_URL at a server where this user may CREATE DATABASE."
+        )
+    })
+}
+
+/// Drops databases left by earlier test processes that are gone (a crashed or killed
+/// run cannot drop its own). Runs once per process.
+async fn drop_stale_databases(admin: &mut PgConnection) {
+    static ONCE: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    ONCE.get_or_init(|| async {
+        let names: Vec<String> =
+            sqlx::query_scalar("SELECT datname FROM pg_database WHERE datname LIKE $1")
+                .bind(format!("{DB_PREFIX}%"))
+                .fetch_all(&mut *admin)
+                .await
+                .expect("listing test databases");
+        for name in names {
+            let pid = name
+                .trim_start_matches(DB_PREFIX)
+                .split('_')
+                .next()
+                .and_then(|p| p.parse::<u32>().ok());
+            let alive = pid.is_some_and(|p| std::path::Path::new(&format!("/proc/{p}")).exists());
+            if !alive {
+                let _ = admin
+                    .execute(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)").as_str())
+                    .await;
+            }
+        }
+    })
+    .await;
+}
+
+/// A fresh, empty database on the test server; migrations are applied by the app.
+pub async fn fresh_database() -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let mut admin = admin_connection().await;
+    drop_stale_databases(&mut admin).await;
+    let name = format!(
+        "{DB_PREFIX}{}_{}_{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed),
+        uuid::Uuid::new_v4().simple()
+    );
+    admin
+        .execute(format!("CREATE DATABASE \"{name}\"").as_str())
+        .await
+        .unwrap_or_else(|err| panic!("CREATE DATABASE {name} failed: {err}"));
+    with_database(&server_url(), &name)
+}
+
+pub struct TestApp {
+    pub base: String,
+    pub pool: PgPool,
+    pub http: reqwest::Client,
+    pub keys: TokenKeys,
+}
+
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(|_| {}).await
+}
+
+/// Starts ingest-api on 127.0.0.1:0 with the compiled-in defaults, a fresh database and
+/// whatever `adjust` changes.
+pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
+    let url = fresh_database().await;
+    let mut settings = Settings::defaults_with_secret(JWT_SECRET);
+    settings.http.addr = "127.0.0.1:0".parse().unwrap();
+    settings.database.url = SecretString::from(url.clone());
+    settings.database.max_connections = 20;
+    adjust(&mut settings);
+    let app = Application::build(settings)
+        .await
+        .expect("ingest-api starts");
+    let base = format!("http://{}", app.local_addr());
+    tokio::spawn(app.run_until_stopped(std::future::pending()));
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .connect(&url)
+        .await
+        .expect("test pool");
+    let keys = TokenKeys::new(&SecretString::from(JWT_SECRET), Duration::ZERO).unwrap();
+    TestApp {
+        base,
+        pool,
+        http: reqwest::Client::new(),
+        keys,
+    }
+}
+
+/// A decoded response: status, content type and JSON body (Null when empty).
+#[derive(Debug)]
+pub struct Resp {
+    pub status: u16,
+    pub content_type: String,
+    pub body: Value,
+}
+
+impl Resp {
+    #[track_caller]
+    pub fn expect(self, status: u16) -> Value {
+        assert_eq!(
+            self.status, status,
+            "unexpected status, body: {}",
+            self.body
+        );
+        self.body
+    }
+
+    /// Asserts a problem+json answer with this status; returns the problem.
+    #[track_caller]
+    pub fn problem(self, status: u16) -> Value {
+        assert_eq!(
+            self.status, status,
+            "unexpected status, body: {}",
+            self.body
+        );
+        assert_eq!(
+            self.content_type, "application/problem+json",
+            "body: {}",
+            self.body
+        );
+        assert_eq!(self.body["status"], status);
+        assert!(self.body["type"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("/problems/")));
+        self.body
+    }
+}
+
+impl TestApp {
+    pub fn token(&self, user: i64) -> String {
+        self.keys
+            .issue(UserId::new(user).unwrap(), Duration::from_secs(3600))
+    }
+
+    pub fn expired_token(&self, user: i64) -> String {
+        let now = unix_now();
+        self.keys
+            .sign(UserId::new(user).unwrap(), now - 7200, now - 3600)
+    }
+
+    /// A client acting as `user`.
+    pub fn user(&self, user: i64) -> Client<'_> {
+        Client {
+            app: self,
+            auth: Some(format!("Bearer {}", self.token(user))),
+        }
+    }
+
+    /// A client with this exact Authorization header (or none).
+    pub fn with_auth(&self, header: Option<String>) -> Client<'_> {
+        Client {
+            app: self,
+            auth: header,
+        }
+    }
+
+    pub async fn count(&self, sql: &str) -> i64 {
+        sqlx::query_scalar(sql)
+            .fetch_one(&self.pool)
+            .await
+            .expect(sql)
+    }
+}
+
+#[derive(Clone)]
+pub struct Client<'a> {
+    app: &'a TestApp,
+    auth: Option<String>,
+}
+
+impl Client<'_> {
+    pub async fn get(&self, path: &str) -> Resp {
+        self.send(self.app.http.get(format!("{}{path}", self.app.base)))
+            .await
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> Resp {
+        self.send(
+            self.app
+                .http
+                .post(format!("{}{path}", self.app.base))
+                .json(&body),
+        )
+        .await
+    }
+
+    /// POST with a raw body and content type, for malformed input.
+    pub async fn post_raw(&self, path: &str, content_type: Option<&str>, body: Vec<u8>) -> Resp {
+        let mut req = self
+            .app
+            .http
+            .post(format!("{}{path}", self.app.base))
+            .body(body);
+        if let Some(ct) = content_type {
+            req = req.header("content-type", ct);
+        }
+        self.send(req).await
+    }
+
+    pub async fn delete(&self, path: &str) -> Resp {
+        self.send(self.app.http.delete(format!("{}{path}", self.app.base)))
+            .await
+    }
+
+    async fn send(&self, mut req: reqwest::RequestBuilder) -> Resp {
+        if let Some(auth) = &self.auth {
+            req = req.header("authorization", auth);
+        }
+        let res = req.send().await.expect("request reaches ingest-api");
+        let status = res.status().as_u16();
+        let content_type = res
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        let bytes = res.bytes().await.expect("response body");
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
+        };
+        Resp {
+            status,
+            content_type,
+            body,
+        }
+    }
+
+    // Domain shortcuts used by many tests.
+
+    /// Creates a GROUP with these other members; returns its id.
+    pub async fn create_group(&self, members: &[i64]) -> i64 {
+        let body = self
+            .post(
+                "/conversations",
+                serde_json::json!({"type": "GROUP", "title": "test", "memberIds": members}),
+            )
+            .await
+            .expect(201);
+        body["conversationId"].as_i64().expect("conversationId")
+    }
+
+    /// Sends a message with a fresh clientMsgId; returns its seq.
+    pub async fn send_message(&self, conversation: i64, body: &str) -> i64 {
+        let res = self
+            .post(
+                &format!("/conversations/{conversation}/messages"),
+                serde_json::json!({"clientMsgId": uuid::Uuid::new_v4(), "body": body}),
+            )
+            .await
+            .expect(201);
+        res["seq"].as_i64().expect("seq")
+    }
+
+    pub async fn mark_read(&self, conversation: i64, seq: i64) -> Value {
+        self.post(
+            &format!("/conversations/{conversation}/read"),
+            serde_json::json!({"seq": seq}),
+        )
+        .await
+        .expect(200)
+    }
+}
