@@ -145,9 +145,9 @@ async fn create_group(
     if res.status() != 201 {
         bail!("creating a group: {} {}", res.status(), res.text().await?);
     }
-    Ok(res.json::<serde_json::Value>().await?["conversationId"]
+    res.json::<serde_json::Value>().await?["conversationId"]
         .as_i64()
-        .context("conversationId")?)
+        .context("conversationId")
 }
 
 async fn run_phase(
