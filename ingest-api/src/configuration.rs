@@ -17,6 +17,7 @@ const ALIASES: &[(&str, &str)] = &[
     ("DATABASE_URL", "database.url"),
     ("JWT_SECRET", "auth.jwt_secret"),
     ("INGEST_ADDR", "http.addr"),
+    ("SCHEMA_REGISTRY_URL", "registry.url"),
 ];
 
 #[derive(Debug, Clone, Deserialize)]
@@ -26,6 +27,21 @@ pub struct Settings {
     pub database: DatabaseSettings,
     pub auth: AuthSettings,
     pub limits: Limits,
+    pub registry: RegistrySettings,
+    pub outbox: OutboxSettings,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegistrySettings {
+    pub url: String,
+    pub timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutboxSettings {
+    pub delete_after_write: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -4,8 +4,14 @@
 //! Consumers dedupe messages by `(conversationId, seq)` and reads by
 //! `(conversationId, userId, lastReadSeq)` (DESIGN.md, invariant 5).
 //!
-//! Today the ingest-api writes these as JSON into the outbox; the Avro schemas in
-//! this folder and Confluent framing replace that encoding with issue 3, the types stay.
+//! On the wire they are Avro (`chat_event.avsc` beside this crate) in the Confluent
+//! framing; [`avro`] maps between the two, [`registry`] registers the schemas, and
+//! [`contract`] names each topic with its schema. The serde form (camelCase JSON) is
+//! what `pipeline tail` prints.
+
+pub mod avro;
+pub mod contract;
+pub mod registry;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -102,15 +108,6 @@ impl ChatEvent {
             Self::ReadUpdated(e) => e.conversation_id,
         }
     }
-
-    /// The outbox payload bytes.
-    pub fn encode(&self) -> Vec<u8> {
-        serde_json::to_vec(self).expect("events always serialize")
-    }
-
-    pub fn decode(bytes: &[u8]) -> Result<Self, serde_json::Error> {
-        serde_json::from_slice(bytes)
-    }
 }
 
 #[cfg(test)]
@@ -125,11 +122,10 @@ mod tests {
             last_read_seq: 5,
             occurred_at: DateTime::from_timestamp(1_700_000_000, 0).unwrap(),
         });
-        let json: serde_json::Value = serde_json::from_slice(&event.encode()).unwrap();
+        let json = serde_json::to_value(&event).unwrap();
         assert_eq!(json["type"], "read.updated");
         assert_eq!(json["conversationId"], 7);
         assert_eq!(json["lastReadSeq"], 5);
-        assert_eq!(ChatEvent::decode(&event.encode()).unwrap(), event);
         assert_eq!(event.event_type(), "read.updated");
     }
 }

@@ -74,17 +74,13 @@ async fn read_updated_is_written_only_when_the_watermark_advances() {
     reader.mark_read(conv, 3).await;
     reader.mark_read(conv, 300).await;
 
-    let advances: Vec<Vec<u8>> = sqlx::query_scalar(
-        "SELECT payload FROM outbox WHERE type = 'read.updated' ORDER BY created_at",
-    )
-    .fetch_all(&app.pool)
-    .await
-    .unwrap();
-    let seqs: Vec<i64> = advances
-        .iter()
-        .map(|p| match chatpipe_schemas::ChatEvent::decode(p).unwrap() {
-            chatpipe_schemas::ChatEvent::ReadUpdated(e) => e.last_read_seq,
-            other => panic!("unexpected {other:?}"),
+    let seqs: Vec<i64> = app
+        .outbox_events()
+        .await
+        .into_iter()
+        .filter_map(|e| match e {
+            chatpipe_schemas::ChatEvent::ReadUpdated(e) => Some(e.last_read_seq),
+            _ => None,
         })
         .collect();
     assert_eq!(seqs, vec![2, 3]);

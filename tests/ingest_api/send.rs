@@ -240,7 +240,10 @@ async fn the_outbox_event_of_a_send_is_committed_with_the_message() {
             .await
             .unwrap();
     assert_eq!(aggregate_id, conv.to_string(), "keyed by conversation");
-    let ChatEvent::MessageNew(event) = ChatEvent::decode(&payload).expect("outbox payload decodes")
+    assert_eq!(payload[0], 0, "Confluent magic byte");
+    let schema_id = u32::from_be_bytes(payload[1..5].try_into().unwrap());
+    assert_eq!(schema_id, app.codec.schema_id());
+    let ChatEvent::MessageNew(event) = app.codec.decode(&payload).expect("outbox payload decodes")
     else {
         panic!("expected message.new");
     };

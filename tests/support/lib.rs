@@ -11,6 +11,9 @@ use std::time::Duration;
 
 use chatpipe_core::auth::{unix_now, TokenKeys};
 use chatpipe_core::UserId;
+use chatpipe_schemas::avro::EventCodec;
+use chatpipe_schemas::registry::Registry;
+use chatpipe_schemas::ChatEvent;
 use ingest_api::configuration::Settings;
 use ingest_api::startup::Application;
 use secrecy::SecretString;
@@ -19,11 +22,16 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, Executor, PgConnection, PgPool};
 
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres:postgres@127.0.0.1:5432/postgres";
+pub const DEFAULT_REGISTRY_URL: &str = "http://127.0.0.1:8081/apis/ccompat/v7";
 pub const JWT_SECRET: &str = "test-secret-test-secret-test-secret!";
 const DB_PREFIX: &str = "cp_test_";
 
 pub fn server_url() -> String {
     std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned())
+}
+
+pub fn registry_url() -> String {
+    std::env::var("SCHEMA_REGISTRY_URL").unwrap_or_else(|_| DEFAULT_REGISTRY_URL.to_owned())
 }
 
 /// `url` with its database name replaced.
@@ -99,6 +107,8 @@ pub struct TestApp {
     pub pool: PgPool,
     pub http: reqwest::Client,
     pub keys: TokenKeys,
+    /// Decodes what the app wrote to the outbox (the same registered schema).
+    pub codec: EventCodec,
 }
 
 pub async fn spawn_app() -> TestApp {
@@ -106,14 +116,24 @@ pub async fn spawn_app() -> TestApp {
 }
 
 /// Starts ingest-api on 127.0.0.1:0 with the compiled-in defaults, a fresh database and
-/// whatever `adjust` changes.
+/// whatever `adjust` changes. Outbox rows are kept (`outbox.delete_after_write = false`)
+/// so tests can read what each transaction wrote.
 pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     let url = fresh_database().await;
     let mut settings = Settings::defaults_with_secret(JWT_SECRET);
     settings.http.addr = "127.0.0.1:0".parse().unwrap();
     settings.database.url = SecretString::from(url.clone());
     settings.database.max_connections = 20;
+    settings.registry.url = registry_url();
+    settings.outbox.delete_after_write = false;
     adjust(&mut settings);
+    let registry = Registry::new(&settings.registry.url, Duration::from_secs(5)).unwrap();
+    let codec = registry.event_codec().await.unwrap_or_else(|err| {
+        panic!(
+            "{err}\nThe schema registry must run: start the stack with `scripts/stack up` \
+             or set SCHEMA_REGISTRY_URL."
+        )
+    });
     let app = Application::build(settings)
         .await
         .expect("ingest-api starts");
@@ -130,6 +150,7 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
         pool,
         http: reqwest::Client::new(),
         keys,
+        codec,
     }
 }
 
@@ -199,6 +220,15 @@ impl TestApp {
             app: self,
             auth: header,
         }
+    }
+
+    /// The events in the outbox, in the order they were written, decoded.
+    pub async fn outbox_events(&self) -> Vec<ChatEvent> {
+        let payloads: Vec<Vec<u8>> = sqlx::query_scalar("SELECT payload FROM outbox ORDER BY created_at, ctid")
+            .fetch_all(&self.pool)
+            .await
+            .expect("reading the outbox");
+        payloads.iter().map(|p| self.codec.decode(p).expect("outbox payload decodes")).collect()
     }
 
     pub async fn count(&self, sql: &str) -> i64 {

@@ -35,7 +35,7 @@ pub async fn create(
     let title = parse_title(req.title, limits)?;
     let members = user_ids("memberIds", req.member_ids, limits.max_group_members)?;
     let view = store::create_group(
-        &state.pool,
+        &state.store,
         caller,
         title,
         members,
@@ -64,7 +64,7 @@ pub async fn open_direct(
             "must be another user than the caller",
         ));
     }
-    let (view, created) = store::open_direct(&state.pool, caller, peer).await?;
+    let (view, created) = store::open_direct(&state.store, caller, peer).await?;
     let status = if created {
         StatusCode::CREATED
     } else {
@@ -92,7 +92,7 @@ pub async fn add_members(
         return Err(ApiError::invalid("userIds", "must name at least one user"));
     }
     let added = store::add_members(
-        &state.pool,
+        &state.store,
         conversation,
         caller,
         &ids,
@@ -110,6 +110,6 @@ pub async fn remove_member(
 ) -> Result<StatusCode, ApiError> {
     let conversation: ConversationId = path.get("id")?;
     let user: UserId = path.get("userId")?;
-    store::remove_member(&state.pool, conversation, caller, user).await?;
+    store::remove_member(&state.store, conversation, caller, user).await?;
     Ok(StatusCode::NO_CONTENT)
 }

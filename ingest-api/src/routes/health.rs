@@ -14,7 +14,7 @@ pub async fn healthz() -> impl IntoResponse {
 
 /// `GET /readyz`: the database answers within a second.
 pub async fn readyz(State(state): State<AppState>) -> axum::response::Response {
-    let probe = sqlx::query_scalar::<_, i32>("SELECT 1").fetch_one(&state.pool);
+    let probe = sqlx::query_scalar::<_, i32>("SELECT 1").fetch_one(&state.store.pool);
     match tokio::time::timeout(Duration::from_secs(1), probe).await {
         Ok(Ok(_)) => axum::Json(serde_json::json!({ "status": "ready" })).into_response(),
         Ok(Err(err)) => not_ready(format!("database: {err}")),
@@ -34,7 +34,7 @@ fn not_ready(detail: String) -> axum::response::Response {
 
 /// `GET /metrics`: Prometheus text format.
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
-    let pool = &state.pool;
+    let pool = &state.store.pool;
     let idle = pool.num_idle() as f64;
     metrics::gauge!("db_pool_connections", "state" => "idle").set(idle);
     metrics::gauge!("db_pool_connections", "state" => "in_use").set(pool.size() as f64 - idle);

@@ -26,7 +26,7 @@ pub async fn send(
 ) -> Result<impl IntoResponse, ApiError> {
     let body = MessageBody::parse(req.body, &state.limits)?;
     Ok(
-        match store::send(&state.pool, conversation, sender, req.client_msg_id, &body).await? {
+        match store::send(&state.store, conversation, sender, req.client_msg_id, &body).await? {
             SendOutcome::Created(sent) => (StatusCode::CREATED, axum::Json(sent)),
             SendOutcome::Replayed(sent) => (StatusCode::OK, axum::Json(sent)),
         },
@@ -73,6 +73,6 @@ pub async fn history(
         (None, None) => Page::Newest,
     };
     Ok(axum::Json(
-        store::history(&state.pool, conversation, reader, page, limit).await?,
+        store::history(&state.store, conversation, reader, page, limit).await?,
     ))
 }

@@ -24,7 +24,7 @@ pub async fn mark_read(
 ) -> Result<impl IntoResponse, ApiError> {
     let seq = seq("seq", req.seq)?;
     Ok(axum::Json(
-        store::mark_read(&state.pool, conversation, reader, seq).await?,
+        store::mark_read(&state.store, conversation, reader, seq).await?,
     ))
 }
 
@@ -37,6 +37,6 @@ pub async fn receipts(
     let conversation: ConversationId = path.get("id")?;
     let seq: Seq = path.get("seq")?;
     Ok(axum::Json(
-        store::receipts(&state.pool, conversation, caller, seq).await?,
+        store::receipts(&state.store, conversation, caller, seq).await?,
     ))
 }

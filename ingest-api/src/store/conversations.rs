@@ -4,9 +4,9 @@ use chatpipe_core::{ConversationId, UserId};
 use chatpipe_schemas::{ChatEvent, ConversationCreated, MemberJoined, MemberLeft};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgConnection;
 
-use super::{now, write_outbox};
+use super::{now, Store};
 use crate::error::ApiError;
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
@@ -33,7 +33,7 @@ const VIEW_COLUMNS: &str =
 
 /// A new GROUP with the creator and `member_ids` (already validated and deduplicated).
 pub async fn create_group(
-    pool: &PgPool,
+    db: &Store,
     creator: UserId,
     title: Option<String>,
     mut member_ids: Vec<i64>,
@@ -46,7 +46,7 @@ pub async fn create_group(
         return Err(member_limit(member_ids.len(), max_members));
     }
     let at = now();
-    let mut tx = pool.begin().await?;
+    let mut tx = db.pool.begin().await?;
     let view: ConversationView = sqlx::query_as(&format!(
         "INSERT INTO conversation AS c (type, title, created_by, created_at, last_activity_at, member_count)
          VALUES ('GROUP', $1, $2, $3, $3, $4)
@@ -68,7 +68,7 @@ pub async fn create_group(
         occurred_at: at,
     })];
     events.extend(joined_events(id, &member_ids, 0, creator, at));
-    write_outbox(&mut tx, &events).await?;
+    db.outbox.write(&mut tx, &events).await?;
     tx.commit().await?;
     Ok(view)
 }
@@ -77,7 +77,7 @@ pub async fn create_group(
 /// Concurrent calls for one pair race on `direct_pair`'s key: one inserts, the others
 /// roll back and read the winner's conversation.
 pub async fn open_direct(
-    pool: &PgPool,
+    db: &Store,
     caller: UserId,
     peer: UserId,
 ) -> Result<(ConversationView, bool), ApiError> {
@@ -86,11 +86,11 @@ pub async fn open_direct(
     } else {
         (peer, caller)
     };
-    if let Some(view) = find_direct(pool, caller, low, high).await? {
+    if let Some(view) = find_direct(db, caller, low, high).await? {
         return Ok((view, false));
     }
     let at = now();
-    let mut tx = pool.begin().await?;
+    let mut tx = db.pool.begin().await?;
     let mut view: ConversationView = sqlx::query_as(&format!(
         "INSERT INTO conversation AS c (type, created_by, created_at, last_activity_at, member_count)
          VALUES ('DIRECT', $1, $2, $2, 2)
@@ -115,7 +115,7 @@ pub async fn open_direct(
         == 1;
     if !won {
         tx.rollback().await?;
-        let view = find_direct(pool, caller, low, high)
+        let view = find_direct(db, caller, low, high)
             .await?
             .ok_or(ApiError::Database(sqlx::Error::RowNotFound))?;
         return Ok((view, false));
@@ -130,14 +130,14 @@ pub async fn open_direct(
         occurred_at: at,
     })];
     events.extend(joined_events(id, &members, 0, caller, at));
-    write_outbox(&mut tx, &events).await?;
+    db.outbox.write(&mut tx, &events).await?;
     tx.commit().await?;
     view.peer_id = Some(peer.get());
     Ok((view, true))
 }
 
 async fn find_direct(
-    pool: &PgPool,
+    db: &Store,
     caller: UserId,
     low: UserId,
     high: UserId,
@@ -151,7 +151,7 @@ async fn find_direct(
     .bind(low.get())
     .bind(high.get())
     .bind(caller.get())
-    .fetch_optional(pool)
+    .fetch_optional(&db.pool)
     .await
 }
 
@@ -199,13 +199,13 @@ pub struct MembersAdded {
 /// Adds members to a GROUP. They start at `last_read_seq = last_seq`: no inherited unread.
 /// All or nothing: past the cap, nobody is added.
 pub async fn add_members(
-    pool: &PgPool,
+    db: &Store,
     conversation: ConversationId,
     caller: UserId,
     user_ids: &[i64],
     max_members: usize,
 ) -> Result<MembersAdded, ApiError> {
-    let mut tx = pool.begin().await?;
+    let mut tx = db.pool.begin().await?;
     let locked = lock_as_member(&mut tx, conversation, caller).await?;
     if locked.kind == "DIRECT" {
         return Err(ApiError::conflict(
@@ -226,7 +226,7 @@ pub async fn add_members(
         .await?;
     let events: Vec<_> =
         joined_events(conversation.get(), &added, locked.last_seq, caller, now()).collect();
-    write_outbox(&mut tx, &events).await?;
+    db.outbox.write(&mut tx, &events).await?;
     tx.commit().await?;
     Ok(MembersAdded {
         conversation_id: conversation.get(),
@@ -238,12 +238,12 @@ pub async fn add_members(
 
 /// Removes a member from a GROUP: a member may leave, the creator may remove anyone.
 pub async fn remove_member(
-    pool: &PgPool,
+    db: &Store,
     conversation: ConversationId,
     caller: UserId,
     user: UserId,
 ) -> Result<(), ApiError> {
-    let mut tx = pool.begin().await?;
+    let mut tx = db.pool.begin().await?;
     let locked = lock_as_member(&mut tx, conversation, caller).await?;
     if locked.kind == "DIRECT" {
         return Err(ApiError::conflict(
@@ -276,7 +276,7 @@ pub async fn remove_member(
         removed_by: caller.get(),
         occurred_at: now(),
     });
-    write_outbox(&mut tx, &[event]).await?;
+    db.outbox.write(&mut tx, &[event]).await?;
     tx.commit().await?;
     Ok(())
 }

@@ -5,8 +5,8 @@ use base64::Engine;
 use chatpipe_core::UserId;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::PgPool;
 
+use super::Store;
 use crate::error::ApiError;
 
 #[derive(Debug, Serialize, sqlx::FromRow)]
@@ -84,7 +84,7 @@ impl Cursor {
 }
 
 pub async fn inbox(
-    pool: &PgPool,
+    db: &Store,
     user: UserId,
     cursor: Option<Cursor>,
     limit: i64,
@@ -113,7 +113,7 @@ pub async fn inbox(
     .bind(after.map(|(_, id)| id).unwrap_or(0))
     .bind(limit + 1)
     .bind(preview_chars as i32)
-    .fetch_all(pool)
+    .fetch_all(&db.pool)
     .await?;
 
     let next_cursor = if conversations.len() as i64 > limit {

@@ -4,10 +4,9 @@ use chatpipe_core::{ConversationId, UserId};
 use chatpipe_schemas::{ChatEvent, MessageNew};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::now;
+use super::{now, Store};
 use crate::domain::MessageBody;
 use crate::error::ApiError;
 
@@ -41,13 +40,13 @@ struct Existing {
 /// `last_seq`, advance the sender's watermark and write `message.new` to the outbox
 /// in one statement. The caller learns the seq only after COMMIT.
 pub async fn send(
-    pool: &PgPool,
+    db: &Store,
     conversation: ConversationId,
     sender: UserId,
     client_msg_id: Uuid,
     body: &MessageBody,
 ) -> Result<SendOutcome, ApiError> {
-    let mut tx = pool.begin().await?;
+    let mut tx = db.pool.begin().await?;
     let last_seq: i64 = sqlx::query_scalar(
         "SELECT c.last_seq FROM conversation c
           WHERE c.id = $1
@@ -98,6 +97,7 @@ pub async fn send(
         body: body.as_str().to_owned(),
         created_at,
     });
+    let event_id = Uuid::new_v4();
     sqlx::query(
         "WITH new_message AS (
              INSERT INTO message (conversation_id, seq, sender_id, client_msg_id, body, created_at)
@@ -108,7 +108,7 @@ pub async fn send(
              UPDATE conversation_member SET last_read_seq = GREATEST(last_read_seq, $2)
               WHERE conversation_id = $1 AND user_id = $3
          )
-         INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ($7, $8, $9, $10)",
+         INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES ($7, $8, $9, $10, $11)",
     )
     .bind(conversation.get())
     .bind(seq)
@@ -116,12 +116,14 @@ pub async fn send(
     .bind(client_msg_id)
     .bind(body.as_str())
     .bind(created_at)
+    .bind(event_id)
     .bind(chatpipe_schemas::AGGREGATE_TYPE)
     .bind(conversation.to_string())
     .bind(event.event_type())
-    .bind(event.encode())
+    .bind(db.outbox.codec().encode(&event))
     .execute(&mut *tx)
     .await?;
+    db.outbox.clear(&mut tx, &[event_id]).await?;
     tx.commit().await?;
     metrics::counter!("messages_sent_total").increment(1);
     metrics::counter!("outbox_events_written_total", "type" => event.event_type()).increment(1);
@@ -167,7 +169,7 @@ pub struct HistoryPage {
 }
 
 pub async fn history(
-    pool: &PgPool,
+    db: &Store,
     conversation: ConversationId,
     reader: UserId,
     page: Page,
@@ -180,7 +182,7 @@ pub async fn history(
     )
     .bind(conversation.get())
     .bind(reader.get())
-    .fetch_optional(pool)
+    .fetch_optional(&db.pool)
     .await?
     .ok_or_else(ApiError::conversation_not_found)?;
 
@@ -194,7 +196,7 @@ pub async fn history(
         .bind(conversation.get())
         .bind(bound)
         .bind(limit + 1)
-        .fetch_all(pool)
+        .fetch_all(&db.pool)
         .await?;
     let has_more = messages.len() as i64 > limit;
     messages.truncate(limit as usize);

@@ -3,9 +3,8 @@
 use chatpipe_core::{ConversationId, Seq, UserId};
 use chatpipe_schemas::{ChatEvent, ReadUpdated};
 use serde::Serialize;
-use sqlx::PgPool;
 
-use super::{now, write_outbox};
+use super::{now, Store};
 use crate::error::ApiError;
 
 #[derive(Debug, Serialize)]
@@ -20,12 +19,12 @@ pub struct ReadOutcome {
 /// `last_seq`. `read.updated` goes to the outbox only when it moved, in the same
 /// transaction.
 pub async fn mark_read(
-    pool: &PgPool,
+    db: &Store,
     conversation: ConversationId,
     reader: UserId,
     seq: Seq,
 ) -> Result<ReadOutcome, ApiError> {
-    let mut tx = pool.begin().await?;
+    let mut tx = db.pool.begin().await?;
     let advanced_to: Option<i64> = sqlx::query_scalar(
         "UPDATE conversation_member m
             SET last_read_seq = LEAST($3, c.last_seq)
@@ -62,7 +61,7 @@ pub async fn mark_read(
         last_read_seq,
         occurred_at: now(),
     });
-    write_outbox(&mut tx, &[event]).await?;
+    db.outbox.write(&mut tx, &[event]).await?;
     tx.commit().await?;
     metrics::counter!("read_watermark_advances_total").increment(1);
     Ok(ReadOutcome {
@@ -95,7 +94,7 @@ pub enum Receipts {
 /// Counts members with `last_read_seq >= seq` (a range scan on the watermark index);
 /// there are no per-message receipt rows.
 pub async fn receipts(
-    pool: &PgPool,
+    db: &Store,
     conversation: ConversationId,
     caller: UserId,
     seq: Seq,
@@ -107,7 +106,7 @@ pub async fn receipts(
     )
     .bind(conversation.get())
     .bind(caller.get())
-    .fetch_optional(pool)
+    .fetch_optional(&db.pool)
     .await?
     .ok_or_else(ApiError::conversation_not_found)?;
 
@@ -121,7 +120,7 @@ pub async fn receipts(
     )
     .bind(conversation.get())
     .bind(seq.get())
-    .fetch_optional(pool)
+    .fetch_optional(&db.pool)
     .await?
     .ok_or(ApiError::NotFound { what: "message" })?;
 

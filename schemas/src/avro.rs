@@ -1,0 +1,335 @@
+//! `ChatEvent` <-> Avro `chatpipe.events.ChatEvent`, in the Confluent wire format
+//! (magic byte 0, 4-byte big-endian schema id, Avro binary body).
+//!
+//! The mapping is written out field by field rather than derived: the Avro record is
+//! the published contract and should not change because a Rust type was renamed.
+
+use apache_avro::types::Value;
+use apache_avro::Schema;
+use chrono::{DateTime, Utc};
+use schema_registry_converter::schema_registry_common::get_payload;
+
+use crate::{ChatEvent, ConversationCreated, MemberJoined, MemberLeft, MessageNew, ReadUpdated};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CodecError {
+    #[error("not Confluent-framed Avro: {0}")]
+    Framing(String),
+    #[error("schema id {found} is not the one this decoder knows ({expected})")]
+    UnknownSchemaId { found: u32, expected: u32 },
+    #[error("avro: {0}")]
+    Avro(#[from] Box<apache_avro::Error>),
+    #[error("the record does not match the ChatEvent contract: {0}")]
+    Shape(String),
+}
+
+impl From<apache_avro::Error> for CodecError {
+    fn from(e: apache_avro::Error) -> Self {
+        Self::Avro(Box::new(e))
+    }
+}
+
+/// Encodes `ChatEvent`s with the schema registered under one id.
+#[derive(Debug, Clone)]
+pub struct EventCodec {
+    schema: Schema,
+    schema_id: u32,
+}
+
+/// Payload branch order in the union of `chat_event.avsc`.
+const MESSAGE_NEW: u32 = 0;
+const READ_UPDATED: u32 = 1;
+const CONVERSATION_CREATED: u32 = 2;
+const MEMBER_JOINED: u32 = 3;
+const MEMBER_LEFT: u32 = 4;
+
+impl EventCodec {
+    pub fn new(schema_id: u32) -> Self {
+        let schema = Schema::parse_str(crate::contract::CHAT_EVENTS.schema).expect("chat_event.avsc is valid Avro");
+        Self { schema, schema_id }
+    }
+
+    pub fn schema_id(&self) -> u32 {
+        self.schema_id
+    }
+
+    /// The framed bytes of one event, as the outbox stores them and the topic carries them.
+    pub fn encode(&self, event: &ChatEvent) -> Vec<u8> {
+        let datum = apache_avro::writer::datum::GenericDatumWriter::builder(&self.schema)
+            .build()
+            .and_then(|writer| writer.write_value_to_vec(to_value(event)))
+            .expect("a ChatEvent always matches chat_event.avsc (covered by tests)");
+        get_payload(self.schema_id, datum)
+    }
+
+    /// Decodes bytes written with this codec's schema id. For bytes from other writers
+    /// (another schema version), resolve the writer schema through the registry:
+    /// [`crate::registry::EventDecoder`].
+    pub fn decode(&self, bytes: &[u8]) -> Result<ChatEvent, CodecError> {
+        let (id, body) = split_frame(bytes)?;
+        if id != self.schema_id {
+            return Err(CodecError::UnknownSchemaId { found: id, expected: self.schema_id });
+        }
+        let value = apache_avro::reader::datum::GenericDatumReader::builder(&self.schema).build()?.read_value(&mut &body[..])?;
+        from_value(value)
+    }
+
+    pub fn schema(&self) -> &Schema {
+        &self.schema
+    }
+}
+
+/// Splits the Confluent frame into schema id and Avro body.
+pub fn split_frame(bytes: &[u8]) -> Result<(u32, &[u8]), CodecError> {
+    match bytes {
+        [0, a, b, c, d, body @ ..] => Ok((u32::from_be_bytes([*a, *b, *c, *d]), body)),
+        [] => Err(CodecError::Framing("empty value".into())),
+        [magic, ..] if *magic != 0 => Err(CodecError::Framing(format!("magic byte {magic}, expected 0"))),
+        _ => Err(CodecError::Framing(format!("{} bytes, shorter than the 5-byte header", bytes.len()))),
+    }
+}
+
+fn micros(t: &DateTime<Utc>) -> Value {
+    Value::TimestampMicros(t.timestamp_micros())
+}
+
+fn opt_string(s: &Option<String>) -> Value {
+    match s {
+        Some(s) => Value::Union(1, Box::new(Value::String(s.clone()))),
+        None => Value::Union(0, Box::new(Value::Null)),
+    }
+}
+
+fn record(fields: Vec<(&str, Value)>) -> Value {
+    Value::Record(fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
+}
+
+/// The Avro value of an event.
+pub fn to_value(event: &ChatEvent) -> Value {
+    let (occurred_at, branch, payload) = match event {
+        ChatEvent::MessageNew(e) => (
+            &e.created_at,
+            MESSAGE_NEW,
+            record(vec![
+                ("seq", Value::Long(e.seq)),
+                ("senderId", Value::Long(e.sender_id)),
+                ("clientMsgId", Value::Uuid(e.client_msg_id)),
+                ("body", Value::String(e.body.clone())),
+            ]),
+        ),
+        ChatEvent::ReadUpdated(e) => (
+            &e.occurred_at,
+            READ_UPDATED,
+            record(vec![("userId", Value::Long(e.user_id)), ("lastReadSeq", Value::Long(e.last_read_seq))]),
+        ),
+        ChatEvent::ConversationCreated(e) => (
+            &e.occurred_at,
+            CONVERSATION_CREATED,
+            record(vec![
+                ("conversationType", Value::String(e.conversation_type.clone())),
+                ("title", opt_string(&e.title)),
+                ("createdBy", Value::Long(e.created_by)),
+            ]),
+        ),
+        ChatEvent::MemberJoined(e) => (
+            &e.occurred_at,
+            MEMBER_JOINED,
+            record(vec![
+                ("userId", Value::Long(e.user_id)),
+                ("lastReadSeq", Value::Long(e.last_read_seq)),
+                ("addedBy", Value::Long(e.added_by)),
+            ]),
+        ),
+        ChatEvent::MemberLeft(e) => (
+            &e.occurred_at,
+            MEMBER_LEFT,
+            record(vec![("userId", Value::Long(e.user_id)), ("removedBy", Value::Long(e.removed_by))]),
+        ),
+    };
+    record(vec![
+        ("type", Value::String(event.event_type().to_owned())),
+        ("conversationId", Value::Long(event.conversation_id())),
+        ("occurredAt", micros(occurred_at)),
+        ("payload", Value::Union(branch, Box::new(payload))),
+    ])
+}
+
+/// Fields of a decoded record, looked up by name.
+struct Fields(Vec<(String, Value)>);
+
+impl Fields {
+    fn of(value: Value, what: &str) -> Result<Self, CodecError> {
+        match value {
+            Value::Record(fields) => Ok(Self(fields)),
+            other => Err(CodecError::Shape(format!("{what} is {other:?}, not a record"))),
+        }
+    }
+
+    fn take(&mut self, name: &str) -> Result<Value, CodecError> {
+        let i = self
+            .0
+            .iter()
+            .position(|(k, _)| k == name)
+            .ok_or_else(|| CodecError::Shape(format!("missing field {name}")))?;
+        Ok(self.0.swap_remove(i).1)
+    }
+
+    fn long(&mut self, name: &str) -> Result<i64, CodecError> {
+        match self.take(name)? {
+            Value::Long(v) => Ok(v),
+            Value::Int(v) => Ok(v.into()),
+            other => Err(CodecError::Shape(format!("{name} is {other:?}, not a long"))),
+        }
+    }
+
+    fn string(&mut self, name: &str) -> Result<String, CodecError> {
+        match self.take(name)? {
+            Value::String(v) => Ok(v),
+            other => Err(CodecError::Shape(format!("{name} is {other:?}, not a string"))),
+        }
+    }
+
+    fn opt_string(&mut self, name: &str) -> Result<Option<String>, CodecError> {
+        match self.take(name)? {
+            Value::Union(_, v) => match *v {
+                Value::Null => Ok(None),
+                Value::String(s) => Ok(Some(s)),
+                other => Err(CodecError::Shape(format!("{name} is {other:?}"))),
+            },
+            Value::Null => Ok(None),
+            Value::String(s) => Ok(Some(s)),
+            other => Err(CodecError::Shape(format!("{name} is {other:?}"))),
+        }
+    }
+
+    fn uuid(&mut self, name: &str) -> Result<uuid::Uuid, CodecError> {
+        match self.take(name)? {
+            Value::Uuid(v) => Ok(v),
+            Value::String(s) => s.parse().map_err(|e| CodecError::Shape(format!("{name}: {e}"))),
+            other => Err(CodecError::Shape(format!("{name} is {other:?}, not a uuid"))),
+        }
+    }
+
+    fn timestamp(&mut self, name: &str) -> Result<DateTime<Utc>, CodecError> {
+        let micros = match self.take(name)? {
+            Value::TimestampMicros(v) | Value::Long(v) => v,
+            other => return Err(CodecError::Shape(format!("{name} is {other:?}, not a timestamp"))),
+        };
+        DateTime::from_timestamp_micros(micros).ok_or_else(|| CodecError::Shape(format!("{name} out of range")))
+    }
+}
+
+/// The event of an Avro value (already resolved to our schema).
+pub fn from_value(value: Value) -> Result<ChatEvent, CodecError> {
+    let mut envelope = Fields::of(value, "ChatEvent")?;
+    let event_type = envelope.string("type")?;
+    let conversation_id = envelope.long("conversationId")?;
+    let occurred_at = envelope.timestamp("occurredAt")?;
+    let payload = match envelope.take("payload")? {
+        Value::Union(_, v) => *v,
+        other => other,
+    };
+    let mut p = Fields::of(payload, "payload")?;
+    Ok(match event_type.as_str() {
+        "message.new" => ChatEvent::MessageNew(MessageNew {
+            conversation_id,
+            seq: p.long("seq")?,
+            sender_id: p.long("senderId")?,
+            client_msg_id: p.uuid("clientMsgId")?,
+            body: p.string("body")?,
+            created_at: occurred_at,
+        }),
+        "read.updated" => ChatEvent::ReadUpdated(ReadUpdated {
+            conversation_id,
+            user_id: p.long("userId")?,
+            last_read_seq: p.long("lastReadSeq")?,
+            occurred_at,
+        }),
+        "conversation.created" => ChatEvent::ConversationCreated(ConversationCreated {
+            conversation_id,
+            conversation_type: p.string("conversationType")?,
+            title: p.opt_string("title")?,
+            created_by: p.long("createdBy")?,
+            occurred_at,
+        }),
+        "member.joined" => ChatEvent::MemberJoined(MemberJoined {
+            conversation_id,
+            user_id: p.long("userId")?,
+            last_read_seq: p.long("lastReadSeq")?,
+            added_by: p.long("addedBy")?,
+            occurred_at,
+        }),
+        "member.left" => ChatEvent::MemberLeft(MemberLeft {
+            conversation_id,
+            user_id: p.long("userId")?,
+            removed_by: p.long("removedBy")?,
+            occurred_at,
+        }),
+        other => return Err(CodecError::Shape(format!("unknown event type {other:?}"))),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at() -> DateTime<Utc> {
+        DateTime::from_timestamp_micros(1_764_480_000_123_456).unwrap()
+    }
+
+    fn every_event() -> Vec<ChatEvent> {
+        vec![
+            ChatEvent::MessageNew(MessageNew {
+                conversation_id: 7,
+                seq: 42,
+                sender_id: 10,
+                client_msg_id: uuid::Uuid::new_v4(),
+                body: "Hallo Gruppe 👋".into(),
+                created_at: at(),
+            }),
+            ChatEvent::ReadUpdated(ReadUpdated { conversation_id: 7, user_id: 20, last_read_seq: 41, occurred_at: at() }),
+            ChatEvent::ConversationCreated(ConversationCreated {
+                conversation_id: 7,
+                conversation_type: "GROUP".into(),
+                title: Some("Trip".into()),
+                created_by: 10,
+                occurred_at: at(),
+            }),
+            ChatEvent::ConversationCreated(ConversationCreated {
+                conversation_id: 8,
+                conversation_type: "DIRECT".into(),
+                title: None,
+                created_by: 10,
+                occurred_at: at(),
+            }),
+            ChatEvent::MemberJoined(MemberJoined {
+                conversation_id: 7,
+                user_id: 30,
+                last_read_seq: 42,
+                added_by: 10,
+                occurred_at: at(),
+            }),
+            ChatEvent::MemberLeft(MemberLeft { conversation_id: 7, user_id: 30, removed_by: 30, occurred_at: at() }),
+        ]
+    }
+
+    #[test]
+    fn every_event_round_trips_through_framed_avro() {
+        let codec = EventCodec::new(17);
+        for event in every_event() {
+            let bytes = codec.encode(&event);
+            assert_eq!(&bytes[..5], &[0, 0, 0, 0, 17], "Confluent frame with schema id 17");
+            assert_eq!(codec.decode(&bytes).unwrap(), event);
+        }
+    }
+
+    #[test]
+    fn garbage_is_a_clear_error() {
+        let codec = EventCodec::new(1);
+        assert!(matches!(codec.decode(b""), Err(CodecError::Framing(_))));
+        assert!(matches!(codec.decode(b"{\"type\":1}"), Err(CodecError::Framing(_))));
+        assert!(matches!(codec.decode(&[0, 0, 0]), Err(CodecError::Framing(_))));
+        assert!(matches!(codec.decode(&[0, 0, 0, 0, 2, 1]), Err(CodecError::UnknownSchemaId { found: 2, .. })));
+        assert!(codec.decode(&[0, 0, 0, 0, 1, 0xff, 0xff]).is_err());
+    }
+}

@@ -1,0 +1,132 @@
+//! The schema registry (Confluent API; Apicurio serves it at `/apis/ccompat/v7`).
+//! Services register their schemas at start and refuse to start when the registry
+//! says a schema is incompatible with what is registered.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use apache_avro::Schema;
+use schema_registry_converter::async_impl::avro::AvroDecoder;
+use schema_registry_converter::async_impl::schema_registry::{is_compatible_schema, post_schema, SrSettings};
+use schema_registry_converter::error::SRCError;
+use schema_registry_converter::schema_registry_common::{SchemaType, SuppliedSchema};
+
+use crate::avro::{from_value, split_frame, CodecError, EventCodec};
+use crate::contract::{Contract, CHAT_EVENTS, COMPATIBILITY};
+use crate::ChatEvent;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("schema registry at {url}: {source}")]
+    Unreachable { url: String, source: SRCError },
+    #[error(
+        "the {subject} schema of this build is incompatible with the versions registered \
+         ({COMPATIBILITY}); refusing to start. Evolve it compatibly (e.g. add fields with defaults)"
+    )]
+    Incompatible { subject: String },
+    #[error("setting {COMPATIBILITY} on {subject}: {detail}")]
+    Config { subject: String, detail: String },
+}
+
+#[derive(Clone)]
+pub struct Registry {
+    url: String,
+    settings: SrSettings,
+    http: reqwest::Client,
+}
+
+impl Registry {
+    pub fn new(url: &str, timeout: Duration) -> Result<Self, RegistryError> {
+        let url = url.trim_end_matches('/').to_owned();
+        let settings = SrSettings::new_builder(url.clone())
+            .no_proxy()
+            .set_timeout(timeout)
+            .build()
+            .map_err(|source| RegistryError::Unreachable { url: url.clone(), source })?;
+        let http = reqwest::Client::builder().timeout(timeout).build().expect("a plain HTTP client builds");
+        Ok(Self { url, settings, http })
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Registers a contract's value schema and returns its id. A schema already
+    /// registered returns its existing id; an incompatible one is refused.
+    pub async fn register(&self, contract: &Contract) -> Result<u32, RegistryError> {
+        self.register_schema(&contract.subject(), contract.schema).await
+    }
+
+    pub async fn register_schema(&self, subject: &str, schema: &str) -> Result<u32, RegistryError> {
+        let supplied = || SuppliedSchema::new(None, SchemaType::Avro, schema.to_owned());
+        // A new subject has nothing to be compatible with; the check errors with 404 then.
+        if let Ok(false) = is_compatible_schema(&self.settings, subject.to_owned(), supplied()).await {
+            return Err(RegistryError::Incompatible { subject: subject.to_owned() });
+        }
+        let registered = post_schema(&self.settings, subject.to_owned(), supplied()).await.map_err(|source| {
+            if source.error.contains("409") || source.error.to_lowercase().contains("incompatible") {
+                RegistryError::Incompatible { subject: subject.to_owned() }
+            } else {
+                RegistryError::Unreachable { url: self.url.clone(), source }
+            }
+        })?;
+        self.hold_compatibility(subject).await?;
+        tracing::info!(subject, id = registered.id, "schema registered");
+        Ok(registered.id)
+    }
+
+    /// Pins the subject to BACKWARD_TRANSITIVE, whatever the registry's global default.
+    async fn hold_compatibility(&self, subject: &str) -> Result<(), RegistryError> {
+        let res = self
+            .http
+            .put(format!("{}/config/{subject}", self.url))
+            .header("content-type", "application/vnd.schemaregistry.v1+json")
+            .body(format!("{{\"compatibility\":\"{COMPATIBILITY}\"}}"))
+            .send()
+            .await
+            .map_err(|e| RegistryError::Config { subject: subject.to_owned(), detail: e.to_string() })?;
+        if !res.status().is_success() {
+            let detail = format!("{} {}", res.status(), res.text().await.unwrap_or_default());
+            return Err(RegistryError::Config { subject: subject.to_owned(), detail });
+        }
+        Ok(())
+    }
+
+    /// Registers the chat.events schema and returns a codec for it.
+    pub async fn event_codec(&self) -> Result<EventCodec, RegistryError> {
+        Ok(EventCodec::new(self.register(&CHAT_EVENTS).await?))
+    }
+
+    /// A decoder that reads chat.events records of any registered schema version.
+    pub fn event_decoder(&self) -> EventDecoder {
+        EventDecoder {
+            writers: Arc::new(AvroDecoder::new(self.settings.clone())),
+            reader: Schema::parse_str(CHAT_EVENTS.schema).expect("chat_event.avsc is valid Avro"),
+        }
+    }
+}
+
+/// Decodes chat.events values: the writer schema by the id in the frame (fetched once
+/// from the registry, then cached), resolved to this build's reader schema.
+#[derive(Clone)]
+pub struct EventDecoder {
+    writers: Arc<AvroDecoder>,
+    reader: Schema,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error(transparent)]
+    Codec(#[from] CodecError),
+    #[error("resolving the writer schema: {0}")]
+    Registry(#[from] SRCError),
+}
+
+impl EventDecoder {
+    pub async fn decode(&self, bytes: &[u8]) -> Result<ChatEvent, DecodeError> {
+        split_frame(bytes)?;
+        let decoded = self.writers.decode(Some(bytes)).await?;
+        let resolved = decoded.value.resolve(&self.reader).map_err(CodecError::from)?;
+        Ok(from_value(resolved)?)
+    }
+}
