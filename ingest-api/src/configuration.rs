@@ -36,6 +36,7 @@ pub struct Settings {
 pub struct RegistrySettings {
     pub url: String,
     pub timeout_ms: u64,
+    pub events_subject: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -15,8 +15,8 @@ use axum::routing::{delete, get, post};
 use axum::{BoxError, Router};
 use chatpipe_core::auth::TokenKeys;
 use chatpipe_core::problem::Problem;
-use chatpipe_schemas::registry::Registry;
 use chatpipe_core::telemetry::PrometheusHandle;
+use chatpipe_schemas::registry::Registry;
 use secrecy::ExposeSecret;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
@@ -55,16 +55,25 @@ impl Application {
             Duration::from_secs(settings.auth.leeway_secs),
         )
         .context("auth.jwt_secret (JWT_SECRET)")?;
-        let registry = Registry::new(&settings.registry.url, Duration::from_millis(settings.registry.timeout_ms))
-            .context("registry.url (SCHEMA_REGISTRY_URL)")?;
+        let registry = Registry::new(
+            &settings.registry.url,
+            Duration::from_millis(settings.registry.timeout_ms),
+        )
+        .context("registry.url (SCHEMA_REGISTRY_URL)")?;
         // Refuses to start on a schema the registry calls incompatible.
-        let codec = registry.event_codec().await.context("registering the chat.events schema")?;
+        let codec = registry
+            .event_codec_for(&settings.registry.events_subject)
+            .await
+            .context("registering the chat.events schema")?;
         let pool = connect(&settings.database).await?;
         if settings.database.migrate_on_start {
             MIGRATOR.run(&pool).await.context("applying migrations")?;
         }
         let state = AppState {
-            store: Store { pool: pool.clone(), outbox: Outbox::new(codec, settings.outbox.delete_after_write) },
+            store: Store {
+                pool: pool.clone(),
+                outbox: Outbox::new(codec, settings.outbox.delete_after_write),
+            },
             keys,
             limits: Arc::new(settings.limits.clone()),
             max_request_bytes: settings.http.max_request_bytes,

@@ -9,7 +9,11 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "pipeline", about = "chatpipe stream processors and tools", version)]
+#[command(
+    name = "pipeline",
+    about = "chatpipe stream processors and tools",
+    version
+)]
 struct Cli {
     /// A TOML file overriding the built-in defaults (config/pipeline.toml).
     #[arg(long, global = true, env = "PIPELINE_CONFIG")]
@@ -28,7 +32,8 @@ enum Command {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     chatpipe_core::telemetry::init_logging();
-    let settings = settings::Settings::load(cli.config.as_deref()).context("loading configuration")?;
+    let settings =
+        settings::Settings::load(cli.config.as_deref()).context("loading configuration")?;
     match cli.command {
         Command::Tail(args) => tail::run(&settings, args).await,
     }

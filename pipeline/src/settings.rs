@@ -4,7 +4,10 @@ use serde::Deserialize;
 
 const DEFAULTS: &str = include_str!("../../config/pipeline.toml");
 
-const ALIASES: &[(&str, &str)] = &[("KAFKA_BROKERS", "kafka.brokers"), ("SCHEMA_REGISTRY_URL", "registry.url")];
+const ALIASES: &[(&str, &str)] = &[
+    ("KAFKA_BROKERS", "kafka.brokers"),
+    ("SCHEMA_REGISTRY_URL", "registry.url"),
+];
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -40,18 +40,33 @@ pub async fn run(settings: &Settings, args: TailArgs) -> anyhow::Result<()> {
     let registry = Registry::new(&settings.registry.url, timeout)?;
     let events = registry.event_decoder();
     let generic = AvroDecoder::new(
-        SrSettings::new_builder(settings.registry.url.clone()).no_proxy().set_timeout(timeout).build()?,
+        SrSettings::new_builder(settings.registry.url.clone())
+            .no_proxy()
+            .set_timeout(timeout)
+            .build()?,
     );
     let consumer: StreamConsumer = ClientConfig::new()
         .set("bootstrap.servers", &settings.kafka.brokers)
         // A throwaway group: tail never commits and never steals partitions from anyone.
-        .set("group.id", format!("chatpipe-tail-{}", uuid::Uuid::new_v4()))
+        .set(
+            "group.id",
+            format!("chatpipe-tail-{}", uuid::Uuid::new_v4()),
+        )
         .set("enable.auto.commit", "false")
-        .set("auto.offset.reset", if args.from_beginning { "earliest" } else { "latest" })
+        .set(
+            "auto.offset.reset",
+            if args.from_beginning {
+                "earliest"
+            } else {
+                "latest"
+            },
+        )
         .set("isolation.level", "read_committed")
         .create()
         .context("creating the Kafka consumer")?;
-    consumer.subscribe(&[&args.topic]).with_context(|| format!("subscribing to {}", args.topic))?;
+    consumer
+        .subscribe(&[&args.topic])
+        .with_context(|| format!("subscribing to {}", args.topic))?;
 
     let mut printed = 0u64;
     loop {
@@ -64,7 +79,9 @@ pub async fn run(settings: &Settings, args: TailArgs) -> anyhow::Result<()> {
             None => next.await,
         }
         .context("reading from Kafka")?;
-        let key = message.key().map(|k| String::from_utf8_lossy(k).into_owned());
+        let key = message
+            .key()
+            .map(|k| String::from_utf8_lossy(k).into_owned());
         if args.key.is_some() && key != args.key {
             continue;
         }
@@ -75,7 +92,8 @@ pub async fn run(settings: &Settings, args: TailArgs) -> anyhow::Result<()> {
                 Err(err) => json!({"undecodable": err.to_string()}),
             },
             Some(bytes) => match generic.decode(Some(bytes)).await {
-                Ok(decoded) => Value::try_from(decoded.value).unwrap_or_else(|e| json!({"undecodable": e.to_string()})),
+                Ok(decoded) => Value::try_from(decoded.value)
+                    .unwrap_or_else(|e| json!({"undecodable": e.to_string()})),
                 Err(err) => json!({"undecodable": err.to_string()}),
             },
         };
@@ -83,7 +101,14 @@ pub async fn run(settings: &Settings, args: TailArgs) -> anyhow::Result<()> {
             .headers()
             .map(|hs| {
                 hs.iter()
-                    .map(|h| (h.key.to_owned(), Value::String(String::from_utf8_lossy(h.value.unwrap_or_default()).into())))
+                    .map(|h| {
+                        (
+                            h.key.to_owned(),
+                            Value::String(
+                                String::from_utf8_lossy(h.value.unwrap_or_default()).into(),
+                            ),
+                        )
+                    })
                     .collect()
             })
             .unwrap_or_default();

@@ -45,7 +45,8 @@ const MEMBER_LEFT: u32 = 4;
 
 impl EventCodec {
     pub fn new(schema_id: u32) -> Self {
-        let schema = Schema::parse_str(crate::contract::CHAT_EVENTS.schema).expect("chat_event.avsc is valid Avro");
+        let schema = Schema::parse_str(crate::contract::CHAT_EVENTS.schema)
+            .expect("chat_event.avsc is valid Avro");
         Self { schema, schema_id }
     }
 
@@ -68,9 +69,14 @@ impl EventCodec {
     pub fn decode(&self, bytes: &[u8]) -> Result<ChatEvent, CodecError> {
         let (id, body) = split_frame(bytes)?;
         if id != self.schema_id {
-            return Err(CodecError::UnknownSchemaId { found: id, expected: self.schema_id });
+            return Err(CodecError::UnknownSchemaId {
+                found: id,
+                expected: self.schema_id,
+            });
         }
-        let value = apache_avro::reader::datum::GenericDatumReader::builder(&self.schema).build()?.read_value(&mut &body[..])?;
+        let value = apache_avro::reader::datum::GenericDatumReader::builder(&self.schema)
+            .build()?
+            .read_value(&mut &body[..])?;
         from_value(value)
     }
 
@@ -84,8 +90,13 @@ pub fn split_frame(bytes: &[u8]) -> Result<(u32, &[u8]), CodecError> {
     match bytes {
         [0, a, b, c, d, body @ ..] => Ok((u32::from_be_bytes([*a, *b, *c, *d]), body)),
         [] => Err(CodecError::Framing("empty value".into())),
-        [magic, ..] if *magic != 0 => Err(CodecError::Framing(format!("magic byte {magic}, expected 0"))),
-        _ => Err(CodecError::Framing(format!("{} bytes, shorter than the 5-byte header", bytes.len()))),
+        [magic, ..] if *magic != 0 => Err(CodecError::Framing(format!(
+            "magic byte {magic}, expected 0"
+        ))),
+        _ => Err(CodecError::Framing(format!(
+            "{} bytes, shorter than the 5-byte header",
+            bytes.len()
+        ))),
     }
 }
 
@@ -120,13 +131,19 @@ pub fn to_value(event: &ChatEvent) -> Value {
         ChatEvent::ReadUpdated(e) => (
             &e.occurred_at,
             READ_UPDATED,
-            record(vec![("userId", Value::Long(e.user_id)), ("lastReadSeq", Value::Long(e.last_read_seq))]),
+            record(vec![
+                ("userId", Value::Long(e.user_id)),
+                ("lastReadSeq", Value::Long(e.last_read_seq)),
+            ]),
         ),
         ChatEvent::ConversationCreated(e) => (
             &e.occurred_at,
             CONVERSATION_CREATED,
             record(vec![
-                ("conversationType", Value::String(e.conversation_type.clone())),
+                (
+                    "conversationType",
+                    Value::String(e.conversation_type.clone()),
+                ),
                 ("title", opt_string(&e.title)),
                 ("createdBy", Value::Long(e.created_by)),
             ]),
@@ -143,7 +160,10 @@ pub fn to_value(event: &ChatEvent) -> Value {
         ChatEvent::MemberLeft(e) => (
             &e.occurred_at,
             MEMBER_LEFT,
-            record(vec![("userId", Value::Long(e.user_id)), ("removedBy", Value::Long(e.removed_by))]),
+            record(vec![
+                ("userId", Value::Long(e.user_id)),
+                ("removedBy", Value::Long(e.removed_by)),
+            ]),
         ),
     };
     record(vec![
@@ -161,7 +181,9 @@ impl Fields {
     fn of(value: Value, what: &str) -> Result<Self, CodecError> {
         match value {
             Value::Record(fields) => Ok(Self(fields)),
-            other => Err(CodecError::Shape(format!("{what} is {other:?}, not a record"))),
+            other => Err(CodecError::Shape(format!(
+                "{what} is {other:?}, not a record"
+            ))),
         }
     }
 
@@ -178,14 +200,18 @@ impl Fields {
         match self.take(name)? {
             Value::Long(v) => Ok(v),
             Value::Int(v) => Ok(v.into()),
-            other => Err(CodecError::Shape(format!("{name} is {other:?}, not a long"))),
+            other => Err(CodecError::Shape(format!(
+                "{name} is {other:?}, not a long"
+            ))),
         }
     }
 
     fn string(&mut self, name: &str) -> Result<String, CodecError> {
         match self.take(name)? {
             Value::String(v) => Ok(v),
-            other => Err(CodecError::Shape(format!("{name} is {other:?}, not a string"))),
+            other => Err(CodecError::Shape(format!(
+                "{name} is {other:?}, not a string"
+            ))),
         }
     }
 
@@ -205,17 +231,26 @@ impl Fields {
     fn uuid(&mut self, name: &str) -> Result<uuid::Uuid, CodecError> {
         match self.take(name)? {
             Value::Uuid(v) => Ok(v),
-            Value::String(s) => s.parse().map_err(|e| CodecError::Shape(format!("{name}: {e}"))),
-            other => Err(CodecError::Shape(format!("{name} is {other:?}, not a uuid"))),
+            Value::String(s) => s
+                .parse()
+                .map_err(|e| CodecError::Shape(format!("{name}: {e}"))),
+            other => Err(CodecError::Shape(format!(
+                "{name} is {other:?}, not a uuid"
+            ))),
         }
     }
 
     fn timestamp(&mut self, name: &str) -> Result<DateTime<Utc>, CodecError> {
         let micros = match self.take(name)? {
             Value::TimestampMicros(v) | Value::Long(v) => v,
-            other => return Err(CodecError::Shape(format!("{name} is {other:?}, not a timestamp"))),
+            other => {
+                return Err(CodecError::Shape(format!(
+                    "{name} is {other:?}, not a timestamp"
+                )))
+            }
         };
-        DateTime::from_timestamp_micros(micros).ok_or_else(|| CodecError::Shape(format!("{name} out of range")))
+        DateTime::from_timestamp_micros(micros)
+            .ok_or_else(|| CodecError::Shape(format!("{name} out of range")))
     }
 }
 
@@ -287,7 +322,12 @@ mod tests {
                 body: "Hallo Gruppe 👋".into(),
                 created_at: at(),
             }),
-            ChatEvent::ReadUpdated(ReadUpdated { conversation_id: 7, user_id: 20, last_read_seq: 41, occurred_at: at() }),
+            ChatEvent::ReadUpdated(ReadUpdated {
+                conversation_id: 7,
+                user_id: 20,
+                last_read_seq: 41,
+                occurred_at: at(),
+            }),
             ChatEvent::ConversationCreated(ConversationCreated {
                 conversation_id: 7,
                 conversation_type: "GROUP".into(),
@@ -309,7 +349,12 @@ mod tests {
                 added_by: 10,
                 occurred_at: at(),
             }),
-            ChatEvent::MemberLeft(MemberLeft { conversation_id: 7, user_id: 30, removed_by: 30, occurred_at: at() }),
+            ChatEvent::MemberLeft(MemberLeft {
+                conversation_id: 7,
+                user_id: 30,
+                removed_by: 30,
+                occurred_at: at(),
+            }),
         ]
     }
 
@@ -318,7 +363,11 @@ mod tests {
         let codec = EventCodec::new(17);
         for event in every_event() {
             let bytes = codec.encode(&event);
-            assert_eq!(&bytes[..5], &[0, 0, 0, 0, 17], "Confluent frame with schema id 17");
+            assert_eq!(
+                &bytes[..5],
+                &[0, 0, 0, 0, 17],
+                "Confluent frame with schema id 17"
+            );
             assert_eq!(codec.decode(&bytes).unwrap(), event);
         }
     }
@@ -327,9 +376,18 @@ mod tests {
     fn garbage_is_a_clear_error() {
         let codec = EventCodec::new(1);
         assert!(matches!(codec.decode(b""), Err(CodecError::Framing(_))));
-        assert!(matches!(codec.decode(b"{\"type\":1}"), Err(CodecError::Framing(_))));
-        assert!(matches!(codec.decode(&[0, 0, 0]), Err(CodecError::Framing(_))));
-        assert!(matches!(codec.decode(&[0, 0, 0, 0, 2, 1]), Err(CodecError::UnknownSchemaId { found: 2, .. })));
+        assert!(matches!(
+            codec.decode(b"{\"type\":1}"),
+            Err(CodecError::Framing(_))
+        ));
+        assert!(matches!(
+            codec.decode(&[0, 0, 0]),
+            Err(CodecError::Framing(_))
+        ));
+        assert!(matches!(
+            codec.decode(&[0, 0, 0, 0, 2, 1]),
+            Err(CodecError::UnknownSchemaId { found: 2, .. })
+        ));
         assert!(codec.decode(&[0, 0, 0, 0, 1, 0xff, 0xff]).is_err());
     }
 }

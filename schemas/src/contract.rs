@@ -15,11 +15,22 @@ impl Contract {
     }
 }
 
-pub const CHAT_EVENTS: Contract = Contract { topic: "chat.events", schema: include_str!("../chat_event.avsc") };
-pub const READ_RECEIPTS: Contract =
-    Contract { topic: "chat.read-receipts", schema: include_str!("../read_receipt.avsc") };
-pub const PRESENCE: Contract = Contract { topic: "chat.presence", schema: include_str!("../presence.avsc") };
-pub const DELIVERIES: Contract = Contract { topic: "chat.deliveries", schema: include_str!("../delivery.avsc") };
+pub const CHAT_EVENTS: Contract = Contract {
+    topic: "chat.events",
+    schema: include_str!("../chat_event.avsc"),
+};
+pub const READ_RECEIPTS: Contract = Contract {
+    topic: "chat.read-receipts",
+    schema: include_str!("../read_receipt.avsc"),
+};
+pub const PRESENCE: Contract = Contract {
+    topic: "chat.presence",
+    schema: include_str!("../presence.avsc"),
+};
+pub const DELIVERIES: Contract = Contract {
+    topic: "chat.deliveries",
+    schema: include_str!("../delivery.avsc"),
+};
 
 pub const ALL: [Contract; 4] = [CHAT_EVENTS, READ_RECEIPTS, PRESENCE, DELIVERIES];
 

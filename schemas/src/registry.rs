@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use apache_avro::Schema;
 use schema_registry_converter::async_impl::avro::AvroDecoder;
-use schema_registry_converter::async_impl::schema_registry::{is_compatible_schema, post_schema, SrSettings};
+use schema_registry_converter::async_impl::schema_registry::{
+    is_compatible_schema, post_schema, SrSettings,
+};
 use schema_registry_converter::error::SRCError;
 use schema_registry_converter::schema_registry_common::{SchemaType, SuppliedSchema};
 
@@ -42,9 +44,19 @@ impl Registry {
             .no_proxy()
             .set_timeout(timeout)
             .build()
-            .map_err(|source| RegistryError::Unreachable { url: url.clone(), source })?;
-        let http = reqwest::Client::builder().timeout(timeout).build().expect("a plain HTTP client builds");
-        Ok(Self { url, settings, http })
+            .map_err(|source| RegistryError::Unreachable {
+                url: url.clone(),
+                source,
+            })?;
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .build()
+            .expect("a plain HTTP client builds");
+        Ok(Self {
+            url,
+            settings,
+            http,
+        })
     }
 
     pub fn url(&self) -> &str {
@@ -54,22 +66,36 @@ impl Registry {
     /// Registers a contract's value schema and returns its id. A schema already
     /// registered returns its existing id; an incompatible one is refused.
     pub async fn register(&self, contract: &Contract) -> Result<u32, RegistryError> {
-        self.register_schema(&contract.subject(), contract.schema).await
+        self.register_schema(&contract.subject(), contract.schema)
+            .await
     }
 
     pub async fn register_schema(&self, subject: &str, schema: &str) -> Result<u32, RegistryError> {
         let supplied = || SuppliedSchema::new(None, SchemaType::Avro, schema.to_owned());
         // A new subject has nothing to be compatible with; the check errors with 404 then.
-        if let Ok(false) = is_compatible_schema(&self.settings, subject.to_owned(), supplied()).await {
-            return Err(RegistryError::Incompatible { subject: subject.to_owned() });
+        if let Ok(false) =
+            is_compatible_schema(&self.settings, subject.to_owned(), supplied()).await
+        {
+            return Err(RegistryError::Incompatible {
+                subject: subject.to_owned(),
+            });
         }
-        let registered = post_schema(&self.settings, subject.to_owned(), supplied()).await.map_err(|source| {
-            if source.error.contains("409") || source.error.to_lowercase().contains("incompatible") {
-                RegistryError::Incompatible { subject: subject.to_owned() }
-            } else {
-                RegistryError::Unreachable { url: self.url.clone(), source }
-            }
-        })?;
+        let registered = post_schema(&self.settings, subject.to_owned(), supplied())
+            .await
+            .map_err(|source| {
+                if source.error.contains("409")
+                    || source.error.to_lowercase().contains("incompatible")
+                {
+                    RegistryError::Incompatible {
+                        subject: subject.to_owned(),
+                    }
+                } else {
+                    RegistryError::Unreachable {
+                        url: self.url.clone(),
+                        source,
+                    }
+                }
+            })?;
         self.hold_compatibility(subject).await?;
         tracing::info!(subject, id = registered.id, "schema registered");
         Ok(registered.id)
@@ -84,17 +110,31 @@ impl Registry {
             .body(format!("{{\"compatibility\":\"{COMPATIBILITY}\"}}"))
             .send()
             .await
-            .map_err(|e| RegistryError::Config { subject: subject.to_owned(), detail: e.to_string() })?;
+            .map_err(|e| RegistryError::Config {
+                subject: subject.to_owned(),
+                detail: e.to_string(),
+            })?;
         if !res.status().is_success() {
             let detail = format!("{} {}", res.status(), res.text().await.unwrap_or_default());
-            return Err(RegistryError::Config { subject: subject.to_owned(), detail });
+            return Err(RegistryError::Config {
+                subject: subject.to_owned(),
+                detail,
+            });
         }
         Ok(())
     }
 
-    /// Registers the chat.events schema and returns a codec for it.
+    /// Registers the chat.events schema under its subject (`chat.events-value`) and
+    /// returns a codec for it.
     pub async fn event_codec(&self) -> Result<EventCodec, RegistryError> {
-        Ok(EventCodec::new(self.register(&CHAT_EVENTS).await?))
+        self.event_codec_for(&CHAT_EVENTS.subject()).await
+    }
+
+    /// The same under another subject: a namespaced topic (tests) or a shared registry.
+    pub async fn event_codec_for(&self, subject: &str) -> Result<EventCodec, RegistryError> {
+        Ok(EventCodec::new(
+            self.register_schema(subject, CHAT_EVENTS.schema).await?,
+        ))
     }
 
     /// A decoder that reads chat.events records of any registered schema version.
@@ -126,7 +166,10 @@ impl EventDecoder {
     pub async fn decode(&self, bytes: &[u8]) -> Result<ChatEvent, DecodeError> {
         split_frame(bytes)?;
         let decoded = self.writers.decode(Some(bytes)).await?;
-        let resolved = decoded.value.resolve(&self.reader).map_err(CodecError::from)?;
+        let resolved = decoded
+            .value
+            .resolve(&self.reader)
+            .map_err(CodecError::from)?;
         Ok(from_value(resolved)?)
     }
 }

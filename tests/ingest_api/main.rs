@@ -6,4 +6,5 @@ mod conversations;
 mod inbox;
 mod operations;
 mod reads;
+mod schema_contract;
 mod send;

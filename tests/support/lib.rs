@@ -128,12 +128,15 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     settings.outbox.delete_after_write = false;
     adjust(&mut settings);
     let registry = Registry::new(&settings.registry.url, Duration::from_secs(5)).unwrap();
-    let codec = registry.event_codec().await.unwrap_or_else(|err| {
-        panic!(
-            "{err}\nThe schema registry must run: start the stack with `scripts/stack up` \
+    let codec = registry
+        .event_codec_for(&settings.registry.events_subject)
+        .await
+        .unwrap_or_else(|err| {
+            panic!(
+                "{err}\nThe schema registry must run: start the stack with `scripts/stack up` \
              or set SCHEMA_REGISTRY_URL."
-        )
-    });
+            )
+        });
     let app = Application::build(settings)
         .await
         .expect("ingest-api starts");
@@ -224,11 +227,15 @@ impl TestApp {
 
     /// The events in the outbox, in the order they were written, decoded.
     pub async fn outbox_events(&self) -> Vec<ChatEvent> {
-        let payloads: Vec<Vec<u8>> = sqlx::query_scalar("SELECT payload FROM outbox ORDER BY created_at, ctid")
-            .fetch_all(&self.pool)
-            .await
-            .expect("reading the outbox");
-        payloads.iter().map(|p| self.codec.decode(p).expect("outbox payload decodes")).collect()
+        let payloads: Vec<Vec<u8>> =
+            sqlx::query_scalar("SELECT payload FROM outbox ORDER BY created_at, ctid")
+                .fetch_all(&self.pool)
+                .await
+                .expect("reading the outbox");
+        payloads
+            .iter()
+            .map(|p| self.codec.decode(p).expect("outbox payload decodes"))
+            .collect()
     }
 
     pub async fn count(&self, sql: &str) -> i64 {

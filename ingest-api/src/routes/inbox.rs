@@ -24,6 +24,13 @@ pub async fn inbox(
     let limit = page_limit(q.limit, &state.limits)?;
     let cursor = q.cursor.as_deref().map(Cursor::decode).transpose()?;
     Ok(axum::Json(
-        store::inbox(&state.store, user, cursor, limit, state.limits.preview_chars).await?,
+        store::inbox(
+            &state.store,
+            user,
+            cursor,
+            limit,
+            state.limits.preview_chars,
+        )
+        .await?,
     ))
 }

@@ -30,7 +30,10 @@ pub struct Outbox {
 
 impl Outbox {
     pub fn new(codec: EventCodec, delete_after_write: bool) -> Self {
-        Self { codec, delete_after_write }
+        Self {
+            codec,
+            delete_after_write,
+        }
     }
 
     pub fn codec(&self) -> &EventCodec {
@@ -38,12 +41,19 @@ impl Outbox {
     }
 
     /// Writes events in the caller's transaction, in the given order.
-    pub async fn write(&self, conn: &mut PgConnection, events: &[ChatEvent]) -> Result<(), sqlx::Error> {
+    pub async fn write(
+        &self,
+        conn: &mut PgConnection,
+        events: &[ChatEvent],
+    ) -> Result<(), sqlx::Error> {
         if events.is_empty() {
             return Ok(());
         }
         let ids: Vec<Uuid> = events.iter().map(|_| Uuid::new_v4()).collect();
-        let keys: Vec<String> = events.iter().map(|e| e.conversation_id().to_string()).collect();
+        let keys: Vec<String> = events
+            .iter()
+            .map(|e| e.conversation_id().to_string())
+            .collect();
         let types: Vec<&str> = events.iter().map(ChatEvent::event_type).collect();
         let payloads: Vec<Vec<u8>> = events.iter().map(|e| self.codec.encode(e)).collect();
         // WITH ORDINALITY keeps the order of the events in the WAL, and so on the topic.
@@ -70,7 +80,10 @@ impl Outbox {
     /// Deletes rows this transaction wrote (when configured to).
     pub async fn clear(&self, conn: &mut PgConnection, ids: &[Uuid]) -> Result<(), sqlx::Error> {
         if self.delete_after_write {
-            sqlx::query("DELETE FROM outbox WHERE id = ANY($1)").bind(ids).execute(conn).await?;
+            sqlx::query("DELETE FROM outbox WHERE id = ANY($1)")
+                .bind(ids)
+                .execute(conn)
+                .await?;
         }
         Ok(())
     }

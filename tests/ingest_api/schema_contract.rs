@@ -1,0 +1,142 @@
+//! The registry holds chat.events to BACKWARD_TRANSITIVE, and the service will not
+//! start with a schema the registry calls incompatible.
+
+use std::time::Duration;
+
+use chatpipe_schemas::contract::CHAT_EVENTS;
+use chatpipe_schemas::registry::{Registry, RegistryError};
+use chatpipe_tests::{registry_url, spawn_app_with, JWT_SECRET};
+use ingest_api::configuration::Settings;
+use serde_json::Value;
+
+/// A subject of this test's own, deleted when the guard drops.
+struct Subject(String);
+
+impl Subject {
+    fn new(label: &str) -> Self {
+        Self(format!(
+            "cp-test-{label}-{}-value",
+            uuid::Uuid::new_v4().simple()
+        ))
+    }
+}
+
+impl Drop for Subject {
+    fn drop(&mut self) {
+        // Soft delete, then permanent delete, as the Confluent API requires.
+        let url = format!("{}/subjects/{}", registry_url(), self.0);
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let http = reqwest::Client::new();
+                let _ = http.delete(&url).send().await;
+                let _ = http.delete(format!("{url}?permanent=true")).send().await;
+            });
+        })
+        .join();
+    }
+}
+
+fn registry() -> Registry {
+    Registry::new(&registry_url(), Duration::from_secs(5)).unwrap()
+}
+
+/// Our schema with one field changed by `edit`.
+fn edited(edit: impl FnOnce(&mut Value)) -> String {
+    let mut schema: Value = serde_json::from_str(CHAT_EVENTS.schema).unwrap();
+    edit(&mut schema);
+    schema.to_string()
+}
+
+#[tokio::test]
+async fn the_registry_refuses_an_incompatible_change_and_accepts_a_compatible_one() {
+    let registry = registry();
+    let subject = Subject::new("compat");
+    let v1 = registry
+        .register_schema(&subject.0, CHAT_EVENTS.schema)
+        .await
+        .unwrap();
+    assert_eq!(
+        registry
+            .register_schema(&subject.0, CHAT_EVENTS.schema)
+            .await
+            .unwrap(),
+        v1,
+        "registering the same schema again returns its id"
+    );
+
+    // conversationId long -> string: old records can no longer be read.
+    let breaking = edited(|s| s["fields"][1]["type"] = "string".into());
+    let refused = registry.register_schema(&subject.0, &breaking).await;
+    assert!(
+        matches!(refused, Err(RegistryError::Incompatible { .. })),
+        "{refused:?}"
+    );
+
+    // A new optional field with a default is a compatible evolution.
+    let evolved = edited(|s| {
+        s["fields"].as_array_mut().unwrap().push(serde_json::json!(
+            {"name": "traceId", "type": ["null", "string"], "default": null}
+        ))
+    });
+    let v2 = registry
+        .register_schema(&subject.0, &evolved)
+        .await
+        .unwrap();
+    assert_ne!(v2, v1);
+}
+
+#[tokio::test]
+async fn ingest_api_refuses_to_start_when_its_schema_is_incompatible() {
+    let registry = registry();
+    let subject = Subject::new("start");
+    // Registered first: a version without occurredAt. This build's schema requires
+    // occurredAt and has no default for it, so it cannot read those records.
+    let older = edited(|s| {
+        s["fields"]
+            .as_array_mut()
+            .unwrap()
+            .retain(|f| f["name"] != "occurredAt");
+    });
+    registry.register_schema(&subject.0, &older).await.unwrap();
+
+    let mut settings = Settings::defaults_with_secret(JWT_SECRET);
+    settings.http.addr = "127.0.0.1:0".parse().unwrap();
+    settings.registry.url = registry_url();
+    settings.registry.events_subject = subject.0.clone();
+    let err = match ingest_api::startup::Application::build(settings).await {
+        Ok(_) => panic!("ingest-api started with an incompatible schema"),
+        Err(err) => format!("{err:#}"),
+    };
+    assert!(err.contains("incompatible"), "{err}");
+}
+
+#[tokio::test]
+async fn a_running_app_registered_the_schema_it_writes_with() {
+    let app = spawn_app_with(|_| {}).await;
+    let conv = app.user(10).create_group(&[]).await;
+    app.user(10).send_message(conv, "x").await;
+    let ids: Vec<Vec<u8>> = sqlx::query_scalar("SELECT payload FROM outbox")
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+    let latest: Value = reqwest::get(format!(
+        "{}/subjects/{}/versions/latest",
+        registry_url(),
+        CHAT_EVENTS.subject()
+    ))
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    for payload in ids {
+        assert_eq!(
+            u32::from_be_bytes(payload[1..5].try_into().unwrap()) as i64,
+            latest["id"].as_i64().unwrap()
+        );
+    }
+}
