@@ -215,7 +215,11 @@ impl Fields {
         }
     }
 
+    /// An optional field: absent (an older writer) reads as None.
     fn opt_string(&mut self, name: &str) -> Result<Option<String>, CodecError> {
+        if !self.0.iter().any(|(k, _)| k == name) {
+            return Ok(None);
+        }
         match self.take(name)? {
             Value::Union(_, v) => match *v {
                 Value::Null => Ok(None),

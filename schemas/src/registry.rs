@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use apache_avro::Schema;
+use apache_avro::reader::datum::GenericDatumReader;
 use schema_registry_converter::async_impl::avro::AvroDecoder;
 use schema_registry_converter::async_impl::schema_registry::{
     is_compatible_schema, post_schema, SrSettings,
@@ -141,17 +141,15 @@ impl Registry {
     pub fn event_decoder(&self) -> EventDecoder {
         EventDecoder {
             writers: Arc::new(AvroDecoder::new(self.settings.clone())),
-            reader: Schema::parse_str(CHAT_EVENTS.schema).expect("chat_event.avsc is valid Avro"),
         }
     }
 }
 
-/// Decodes chat.events values: the writer schema by the id in the frame (fetched once
-/// from the registry, then cached), resolved to this build's reader schema.
+/// Decodes chat.events values of any registered version: the writer schema by the id
+/// in the frame (fetched once from the registry, then cached).
 #[derive(Clone)]
 pub struct EventDecoder {
     writers: Arc<AvroDecoder>,
-    reader: Schema,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -164,12 +162,17 @@ pub enum DecodeError {
 
 impl EventDecoder {
     pub async fn decode(&self, bytes: &[u8]) -> Result<ChatEvent, DecodeError> {
-        split_frame(bytes)?;
-        let decoded = self.writers.decode(Some(bytes)).await?;
-        let resolved = decoded
-            .value
-            .resolve(&self.reader)
+        let (id, body) = split_frame(bytes)?;
+        let writer = self.writers.get_schema(id).await?;
+        // Read with the writer's schema and map fields by name (`from_value`): apache-avro's
+        // schema resolution matches union branches by shape, and MemberJoined's fields are
+        // a superset of ReadUpdated's, so it would pick the wrong branch. By name, a newer
+        // writer's extra fields are ignored and an older writer's missing optional fields
+        // read as absent, which is what BACKWARD_TRANSITIVE promises.
+        let value = GenericDatumReader::builder(&writer.parsed)
+            .build()
+            .and_then(|reader| reader.read_value(&mut &body[..]))
             .map_err(CodecError::from)?;
-        Ok(from_value(resolved)?)
+        Ok(from_value(value)?)
     }
 }

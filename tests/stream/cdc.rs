@@ -1,0 +1,162 @@
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use chatpipe_schemas::ChatEvent;
+use chatpipe_tests::stream::{spawn_pipeline, Record};
+use futures::future::join_all;
+
+fn message_seqs(records: &[Record]) -> BTreeMap<i64, Vec<i64>> {
+    let mut seqs: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
+    for r in records {
+        if let ChatEvent::MessageNew(m) = &r.event {
+            seqs.entry(m.conversation_id).or_default().push(m.seq);
+        }
+    }
+    seqs
+}
+
+#[tokio::test]
+async fn a_message_sent_through_the_api_arrives_on_chat_events_decoded_and_keyed() {
+    let p = spawn_pipeline().await;
+    let alice = p.app.user(10);
+    let conv = alice.create_group(&[20]).await;
+    let seq = alice.send_message(conv, "über Kafka").await;
+    app_outbox_is_empty(&p).await;
+
+    let records = p
+        .consume_until(Duration::from_secs(30), |rs| {
+            rs.iter()
+                .any(|r| matches!(r.event, ChatEvent::MessageNew(_)))
+        })
+        .await;
+    let r = records
+        .iter()
+        .find(|r| matches!(r.event, ChatEvent::MessageNew(_)))
+        .unwrap();
+    assert_eq!(r.key, conv.to_string(), "key = conversation id");
+    assert_eq!(
+        r.headers.get("eventType").map(String::as_str),
+        Some("message.new")
+    );
+    assert!(
+        r.headers.contains_key("id"),
+        "the outbox row id travels as a header"
+    );
+    assert_eq!(r.bytes[0], 0, "Confluent framing");
+    let ChatEvent::MessageNew(m) = &r.event else {
+        unreachable!()
+    };
+    assert_eq!(
+        (m.conversation_id, m.seq, m.sender_id, m.body.as_str()),
+        (conv, seq, 10, "über Kafka")
+    );
+    // The conversation's earlier events came first, on the same partition.
+    let types: Vec<&str> = records.iter().map(|r| r.event.event_type()).collect();
+    assert_eq!(
+        types,
+        [
+            "conversation.created",
+            "member.joined",
+            "member.joined",
+            "message.new"
+        ]
+    );
+    assert!(records.iter().all(|x| x.partition == r.partition));
+    p.cleanup().await;
+}
+
+async fn app_outbox_is_empty(p: &chatpipe_tests::stream::Pipeline) {
+    assert_eq!(
+        p.app.count("SELECT count(*) FROM outbox").await,
+        0,
+        "rows are deleted in their transaction"
+    );
+}
+
+#[tokio::test]
+async fn two_thousand_messages_over_twenty_conversations_all_arrive_in_seq_order() {
+    let p = spawn_pipeline().await;
+    let mut conversations = Vec::new();
+    for i in 0..20 {
+        conversations.push(p.app.user(100 + i).create_group(&[1]).await);
+    }
+    // Twenty senders at once, each a hundred messages into its conversation.
+    join_all(conversations.iter().enumerate().map(|(i, &conv)| {
+        let client = p.app.user(100 + i as i64);
+        async move {
+            for n in 0..100 {
+                client.send_message(conv, &format!("m{n}")).await;
+            }
+        }
+    }))
+    .await;
+
+    let expected: BTreeSet<(i64, i64)> = conversations
+        .iter()
+        .flat_map(|&c| (1..=100).map(move |s| (c, s)))
+        .collect();
+    let records = p
+        .consume_until(Duration::from_secs(120), |rs| {
+            let seen: BTreeSet<(i64, i64)> = rs
+                .iter()
+                .filter_map(|r| match &r.event {
+                    ChatEvent::MessageNew(m) => Some((m.conversation_id, m.seq)),
+                    _ => None,
+                })
+                .collect();
+            seen.is_superset(&expected)
+        })
+        .await;
+
+    for (conv, seqs) in message_seqs(&records) {
+        // Dedupe by (conversationId, seq) as a consumer would; what remains is 1..=100 in order.
+        let mut first_seen = Vec::new();
+        for s in seqs {
+            if !first_seen.contains(&s) {
+                first_seen.push(s);
+            }
+        }
+        assert_eq!(
+            first_seen,
+            (1..=100).collect::<Vec<_>>(),
+            "conversation {conv} out of order"
+        );
+    }
+    let mut partition_of: BTreeMap<&str, i32> = BTreeMap::new();
+    for r in &records {
+        assert_eq!(
+            *partition_of.entry(&r.key).or_insert(r.partition),
+            r.partition,
+            "one partition per key"
+        );
+    }
+    app_outbox_is_empty(&p).await;
+    p.cleanup().await;
+}
+
+#[tokio::test]
+async fn read_advances_reach_the_topic_and_non_advances_do_not() {
+    let p = spawn_pipeline().await;
+    let conv = p.app.user(10).create_group(&[20]).await;
+    for _ in 0..3 {
+        p.app.user(10).send_message(conv, "x").await;
+    }
+    let bob = p.app.user(20);
+    bob.mark_read(conv, 2).await;
+    bob.mark_read(conv, 1).await; // no advance, no event
+    bob.mark_read(conv, 3).await;
+
+    let reads = |rs: &[Record]| -> Vec<i64> {
+        rs.iter()
+            .filter_map(|r| match &r.event {
+                ChatEvent::ReadUpdated(e) if e.user_id == 20 => Some(e.last_read_seq),
+                _ => None,
+            })
+            .collect()
+    };
+    let records = p
+        .consume_until(Duration::from_secs(30), |rs| reads(rs).contains(&3))
+        .await;
+    assert_eq!(reads(&records), vec![2, 3]);
+    p.cleanup().await;
+}

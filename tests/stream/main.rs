@@ -1,0 +1,4 @@
+//! The outbox through Debezium to chat.events, against the real stack
+//! (`scripts/stack up`): PostgreSQL, Kafka, Kafka Connect with Debezium, the registry.
+
+mod cdc;

@@ -1,0 +1,395 @@
+//! Streaming test harness: a CDC namespace of its own for each test. It starts an
+//! ingest-api on a fresh database, creates a topic `<ns>.chat.events`, and registers a
+//! Debezium connector (the repo's `config/stack/chatpipe-outbox-connector.json`, with the
+//! database, slot, publication and topic made the test's own) with the running Kafka
+//! Connect, then waits until it streams. `cleanup` removes the connector, its
+//! replication slot and the topic; namespaces of dead test processes are removed on the
+//! next run.
+//!
+//! Kafka Connect, Kafka and the registry are those `scripts/stack up` starts, found
+//! through `KAFKA_CONNECT_URL` (default http://127.0.0.1:8083) and `KAFKA_BROKERS`
+//! (default 127.0.0.1:9092). If they are not there, the test fails and says so.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use chatpipe_schemas::registry::{EventDecoder, Registry};
+use chatpipe_schemas::ChatEvent;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::ClientConfig;
+use serde_json::{json, Value};
+use sqlx::{Connection, PgConnection};
+
+use crate::{registry_url, server_url, spawn_app_with, TestApp};
+
+const CONNECTOR_JSON: &str = include_str!("../../config/stack/chatpipe-outbox-connector.json");
+const NS_PREFIX: &str = "cpt";
+
+pub fn connect_url() -> String {
+    std::env::var("KAFKA_CONNECT_URL").unwrap_or_else(|_| "http://127.0.0.1:8083".into())
+}
+
+pub fn brokers() -> String {
+    std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into())
+}
+
+/// One record of the test's topic, decoded.
+#[derive(Debug, Clone)]
+pub struct Record {
+    pub partition: i32,
+    pub offset: i64,
+    pub key: String,
+    pub headers: HashMap<String, String>,
+    pub bytes: Vec<u8>,
+    pub event: ChatEvent,
+}
+
+pub struct Pipeline {
+    pub app: TestApp,
+    pub ns: String,
+    pub topic: String,
+    pub connector: String,
+    pub slot: String,
+    pub decoder: EventDecoder,
+    consumer: StreamConsumer,
+}
+
+/// Starts an app whose outbox streams, through Debezium, to a topic of this test's own.
+pub async fn spawn_pipeline() -> Pipeline {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    remove_stale_namespaces().await;
+    let ns = format!(
+        "{NS_PREFIX}{}x{}x{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed),
+        &uuid::Uuid::new_v4().simple().to_string()[..6]
+    );
+    let topic = format!("{ns}.chat.events");
+    // The real configuration: rows are deleted in the transaction that wrote them.
+    let subject = format!("{topic}-value");
+    let app = spawn_app_with(|s| {
+        s.outbox.delete_after_write = true;
+        s.registry.events_subject = subject;
+    })
+    .await;
+    create_topic(&topic, 6).await;
+    let db: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    let connector = format!("{ns}-outbox");
+    let slot = format!("{ns}_slot");
+    register_connector(&connector, &db, &slot, &ns, &topic).await;
+    wait_until_streaming(&connector, &slot).await;
+
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("group.id", format!("{ns}-test"))
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .expect("Kafka consumer");
+    consumer.subscribe(&[&topic]).expect("subscribe");
+    let decoder = Registry::new(&registry_url(), Duration::from_secs(5))
+        .unwrap()
+        .event_decoder();
+    Pipeline {
+        app,
+        ns,
+        topic,
+        connector,
+        slot,
+        decoder,
+        consumer,
+    }
+}
+
+impl Pipeline {
+    /// Reads records until `done` says so, or fails at the deadline with what it saw.
+    pub async fn consume_until(
+        &self,
+        deadline: Duration,
+        mut done: impl FnMut(&[Record]) -> bool,
+    ) -> Vec<Record> {
+        let until = Instant::now() + deadline;
+        let mut records = Vec::new();
+        while !done(&records) {
+            let left = until.saturating_duration_since(Instant::now());
+            assert!(
+                !left.is_zero(),
+                "deadline of {deadline:?} passed with {} records on {}; connector status: {}",
+                records.len(),
+                self.topic,
+                connector_status(&self.connector).await
+            );
+            let Ok(message) =
+                tokio::time::timeout(left.min(Duration::from_millis(500)), self.consumer.recv())
+                    .await
+            else {
+                continue;
+            };
+            let message = message.expect("reading from Kafka");
+            let bytes = message
+                .payload()
+                .expect("chat.events records have values")
+                .to_vec();
+            let event = self
+                .decoder
+                .decode(&bytes)
+                .await
+                .expect("the value decodes as a ChatEvent");
+            records.push(Record {
+                partition: message.partition(),
+                offset: message.offset(),
+                key: String::from_utf8(message.key().expect("records have keys").to_vec()).unwrap(),
+                headers: message
+                    .headers()
+                    .map(|hs| {
+                        hs.iter()
+                            .map(|h| {
+                                (
+                                    h.key.to_owned(),
+                                    String::from_utf8_lossy(h.value.unwrap_or_default()).into(),
+                                )
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                bytes,
+                event,
+            });
+        }
+        records
+    }
+
+    /// Removes the connector, its replication slot and the topic.
+    pub async fn cleanup(self) {
+        remove_namespace(&self.ns, Some(&self.connector), Some(&self.slot)).await;
+    }
+}
+
+async fn create_topic(topic: &str, partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .expect("Kafka admin client");
+    let results = admin
+        .create_topics(
+            &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "Kafka is not reachable at {}: {e}. Start it with `scripts/stack up`.",
+                brokers()
+            )
+        });
+    for r in results {
+        r.unwrap_or_else(|(t, e)| panic!("creating topic {t}: {e}"));
+    }
+}
+
+fn connector_config(db: &str, slot: &str, ns: &str, topic: &str) -> Value {
+    let mut config: Value =
+        serde_json::from_str(CONNECTOR_JSON).expect("the connector file is JSON");
+    let url = url::Url::parse(&server_url()).expect("DATABASE_URL is a URL");
+    let set = |config: &mut Value, k: &str, v: String| config[k] = Value::String(v);
+    set(
+        &mut config,
+        "database.hostname",
+        url.host_str().unwrap_or("127.0.0.1").to_owned(),
+    );
+    set(
+        &mut config,
+        "database.port",
+        url.port().unwrap_or(5432).to_string(),
+    );
+    set(&mut config, "database.user", url.username().to_owned());
+    set(
+        &mut config,
+        "database.password",
+        url.password().unwrap_or_default().to_owned(),
+    );
+    set(&mut config, "database.dbname", db.to_owned());
+    set(&mut config, "slot.name", slot.to_owned());
+    set(&mut config, "publication.name", format!("{ns}_pub"));
+    set(&mut config, "topic.prefix", ns.to_owned());
+    set(
+        &mut config,
+        "transforms.outbox.route.topic.replacement",
+        topic.to_owned(),
+    );
+    config
+}
+
+async fn register_connector(name: &str, db: &str, slot: &str, ns: &str, topic: &str) {
+    let res = reqwest::Client::new()
+        .put(format!("{}/connectors/{name}/config", connect_url()))
+        .json(&connector_config(db, slot, ns, topic))
+        .send()
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "Kafka Connect is not reachable at {}: {e}. Start it with `scripts/stack up`.",
+                connect_url()
+            )
+        });
+    assert!(
+        res.status().is_success(),
+        "registering {name}: {} {}",
+        res.status(),
+        res.text().await.unwrap_or_default()
+    );
+}
+
+pub async fn connector_status(name: &str) -> Value {
+    match reqwest::get(format!("{}/connectors/{name}/status", connect_url())).await {
+        Ok(res) => res.json().await.unwrap_or(Value::Null),
+        Err(e) => json!({"unreachable": e.to_string()}),
+    }
+}
+
+/// The connector and its task run, and the replication slot is held: from here on every
+/// commit is captured.
+pub async fn wait_until_streaming(connector: &str, slot: &str) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut admin = PgConnection::connect(&server_url())
+        .await
+        .expect("PostgreSQL");
+    loop {
+        let status = connector_status(connector).await;
+        let running = status["connector"]["state"] == "RUNNING"
+            && status["tasks"]
+                .as_array()
+                .is_some_and(|t| !t.is_empty() && t.iter().all(|t| t["state"] == "RUNNING"));
+        let active: Option<bool> =
+            sqlx::query_scalar("SELECT active FROM pg_replication_slots WHERE slot_name = $1")
+                .bind(slot)
+                .fetch_optional(&mut admin)
+                .await
+                .unwrap();
+        if running && active == Some(true) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "connector {connector} not streaming after 90 s: {status}, slot active: {active:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Deletes a namespace's connector, slot and topics. Waits for the slot to be released.
+async fn remove_namespace(ns: &str, connector: Option<&str>, slot: Option<&str>) {
+    let http = reqwest::Client::new();
+    if let Some(c) = connector {
+        let _ = http
+            .delete(format!("{}/connectors/{c}", connect_url()))
+            .send()
+            .await;
+    }
+    if let Some(slot) = slot {
+        let mut admin = PgConnection::connect(&server_url())
+            .await
+            .expect("PostgreSQL");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let dropped = sqlx::query(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active",
+            )
+            .bind(slot)
+            .execute(&mut admin)
+            .await;
+            let left: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1",
+            )
+            .bind(slot)
+            .fetch_one(&mut admin)
+            .await
+            .unwrap();
+            if left == 0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "replication slot {slot} still held 30 s after its connector was deleted: {dropped:?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .expect("Kafka admin client");
+    let metadata = admin
+        .inner()
+        .fetch_metadata(None, Duration::from_secs(10))
+        .expect("Kafka metadata");
+    let topics: Vec<String> = metadata
+        .topics()
+        .iter()
+        .map(|t| t.name().to_owned())
+        .filter(|t| t.starts_with(&format!("{ns}.")))
+        .collect();
+    if !topics.is_empty() {
+        let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+        let _ = admin.delete_topics(&names, &AdminOptions::new()).await;
+    }
+}
+
+/// Removes namespaces (connectors, slots, topics) of test processes that are gone.
+async fn remove_stale_namespaces() {
+    static ONCE: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    ONCE.get_or_init(|| async {
+        let dead = |name: &str| -> Option<String> {
+            let rest = name.strip_prefix(NS_PREFIX)?;
+            let pid: u32 = rest.split('x').next()?.parse().ok()?;
+            let ns_len = name.find(['.', '-', '_']).unwrap_or(name.len());
+            (!std::path::Path::new(&format!("/proc/{pid}")).exists())
+                .then(|| name[..ns_len].to_owned())
+        };
+        let connectors: Vec<String> =
+            match reqwest::get(format!("{}/connectors", connect_url())).await {
+                Ok(res) => res.json().await.unwrap_or_default(),
+                Err(_) => Vec::new(),
+            };
+        let mut admin = PgConnection::connect(&server_url())
+            .await
+            .expect("PostgreSQL");
+        let slots: Vec<String> = sqlx::query_scalar(
+            "SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE $1",
+        )
+        .bind(format!("{NS_PREFIX}%"))
+        .fetch_all(&mut admin)
+        .await
+        .unwrap_or_default();
+        let mut namespaces: HashMap<String, (Option<String>, Option<String>)> = HashMap::new();
+        for c in connectors {
+            if let Some(ns) = dead(&c) {
+                namespaces.entry(ns).or_default().0 = Some(c);
+            }
+        }
+        for s in slots {
+            if let Some(ns) = dead(&s) {
+                namespaces.entry(ns).or_default().1 = Some(s);
+            }
+        }
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", brokers())
+            .create()
+            .expect("Kafka admin client");
+        if let Ok(metadata) = admin.inner().fetch_metadata(None, Duration::from_secs(10)) {
+            for t in metadata.topics() {
+                if let Some(ns) = dead(t.name()) {
+                    namespaces.entry(ns).or_default();
+                }
+            }
+        }
+        for (ns, (connector, slot)) in namespaces {
+            remove_namespace(&ns, connector.as_deref(), slot.as_deref()).await;
+        }
+    })
+    .await;
+}
