@@ -1,8 +1,5 @@
 //! `pipeline`: chatpipe's stream processors, and tools to look at the streams.
 
-mod settings;
-mod tail;
-
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -25,16 +22,18 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Print a topic's records, decoded, as JSON lines on stdout.
-    Tail(tail::TailArgs),
+    Tail(pipeline::tail::TailArgs),
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     chatpipe_core::telemetry::init_logging();
-    let settings =
-        settings::Settings::load(cli.config.as_deref()).context("loading configuration")?;
+    let settings = pipeline::settings::Settings::load(cli.config.as_deref())
+        .context("loading configuration")?;
     match cli.command {
-        Command::Tail(args) => tail::run(&settings, args).await,
+        Command::Tail(args) => {
+            pipeline::tail::run(&settings, args, &mut std::io::stdout().lock()).await
+        }
     }
 }

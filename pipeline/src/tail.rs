@@ -17,25 +17,31 @@ use serde_json::{json, Value};
 
 use crate::settings::Settings;
 
-#[derive(clap::Args)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct TailArgs {
     /// The topic, e.g. chat.events.
-    topic: String,
+    pub topic: String,
     /// Start at the oldest record instead of the next new one.
     #[arg(long)]
-    from_beginning: bool,
+    pub from_beginning: bool,
     /// Only records with this key (a conversation id for chat.events).
     #[arg(long)]
-    key: Option<String>,
+    pub key: Option<String>,
     /// Stop after printing this many records.
     #[arg(long)]
-    max: Option<u64>,
+    pub max: Option<u64>,
     /// Stop when no record arrives for this many seconds.
     #[arg(long)]
-    idle_timeout: Option<u64>,
+    pub idle_timeout: Option<u64>,
 }
 
-pub async fn run(settings: &Settings, args: TailArgs) -> anyhow::Result<()> {
+/// Prints the topic's records as JSON lines to `out` until `max` or `idle_timeout`.
+/// Topics named `*chat.events` decode as the typed event.
+pub async fn run(
+    settings: &Settings,
+    args: TailArgs,
+    out: &mut impl std::io::Write,
+) -> anyhow::Result<()> {
     let timeout = Duration::from_millis(settings.registry.timeout_ms);
     let registry = Registry::new(&settings.registry.url, timeout)?;
     let events = registry.event_decoder();
@@ -87,10 +93,12 @@ pub async fn run(settings: &Settings, args: TailArgs) -> anyhow::Result<()> {
         }
         let value = match message.payload() {
             None => Value::Null,
-            Some(bytes) if args.topic == CHAT_EVENTS.topic => match events.decode(bytes).await {
-                Ok(event) => serde_json::to_value(event)?,
-                Err(err) => json!({"undecodable": err.to_string()}),
-            },
+            Some(bytes) if args.topic.ends_with(CHAT_EVENTS.topic) => {
+                match events.decode(bytes).await {
+                    Ok(event) => serde_json::to_value(event)?,
+                    Err(err) => json!({"undecodable": err.to_string()}),
+                }
+            }
             Some(bytes) => match generic.decode(Some(bytes)).await {
                 Ok(decoded) => Value::try_from(decoded.value)
                     .unwrap_or_else(|e| json!({"undecodable": e.to_string()})),
@@ -119,7 +127,7 @@ pub async fn run(settings: &Settings, args: TailArgs) -> anyhow::Result<()> {
             "headers": headers,
             "value": value,
         });
-        println!("{line}");
+        writeln!(out, "{line}")?;
         printed += 1;
         if args.max.is_some_and(|max| printed >= max) {
             break;

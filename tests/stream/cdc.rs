@@ -160,3 +160,54 @@ async fn read_advances_reach_the_topic_and_non_advances_do_not() {
     assert_eq!(reads(&records), vec![2, 3]);
     p.cleanup().await;
 }
+
+#[tokio::test]
+async fn pipeline_tail_prints_decoded_events_of_one_conversation_as_json_lines() {
+    let p = spawn_pipeline().await;
+    let conv = p.app.user(10).create_group(&[20]).await;
+    let other = p.app.user(30).create_group(&[40]).await;
+    p.app.user(10).send_message(conv, "first").await;
+    p.app.user(30).send_message(other, "not this one").await;
+    p.app.user(10).send_message(conv, "second").await;
+
+    let settings = pipeline::settings::Settings::load(None).unwrap();
+    let args = pipeline::tail::TailArgs {
+        topic: p.topic.clone(),
+        from_beginning: true,
+        key: Some(conv.to_string()),
+        max: Some(5),
+        idle_timeout: Some(30),
+    };
+    let mut out = Vec::new();
+    pipeline::tail::run(&settings, args, &mut out)
+        .await
+        .unwrap();
+    let lines: Vec<serde_json::Value> = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+
+    let types: Vec<&str> = lines
+        .iter()
+        .map(|l| l["value"]["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        types,
+        [
+            "conversation.created",
+            "member.joined",
+            "member.joined",
+            "message.new",
+            "message.new"
+        ]
+    );
+    assert!(
+        lines.iter().all(|l| l["key"].as_str() == Some(conv.to_string().as_str())),
+        "only the asked-for conversation"
+    );
+    assert_eq!(lines[3]["value"]["body"], "first");
+    assert_eq!(lines[4]["value"]["seq"], 2);
+    assert_eq!(lines[4]["headers"]["eventType"], "message.new");
+    p.cleanup().await;
+}

@@ -1,0 +1,144 @@
+//! Faults of the streaming stack itself. Its own test binary: cargo runs test binaries
+//! one after another, so killing Kafka Connect here disturbs no other test.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use chatpipe_schemas::ChatEvent;
+use chatpipe_tests::stream::{spawn_pipeline, wait_until_streaming, Record};
+use serde_json::json;
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_owned()
+}
+
+fn connect_pid() -> i32 {
+    let home = std::env::var("STACK_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| repo_root().join(".stack"));
+    let file = home.join("run/connect.pid");
+    std::fs::read_to_string(&file)
+        .unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}; is the stack up (scripts/stack up)?",
+                file.display()
+            )
+        })
+        .trim()
+        .parse()
+        .expect("a pid")
+}
+
+fn messages(records: &[Record]) -> Vec<(i64, i64)> {
+    records
+        .iter()
+        .filter_map(|r| match &r.event {
+            ChatEvent::MessageNew(m) => Some((m.conversation_id, m.seq)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn kafka_connect_killed_with_sigkill_mid_stream_loses_no_event() {
+    let p = spawn_pipeline().await;
+    let mut conversations = Vec::new();
+    for i in 0..10 {
+        conversations.push(p.app.user(500 + i).create_group(&[1]).await);
+    }
+    // 1,000 messages, 100 per conversation, sent while Connect dies and comes back.
+    let sender = {
+        let (base, http) = (p.app.base.clone(), p.app.http.clone());
+        let tokens: Vec<String> = (0..10).map(|i| p.app.token(500 + i)).collect();
+        let conversations = conversations.clone();
+        tokio::spawn(async move {
+            let sends = conversations.into_iter().zip(tokens).map(|(conv, token)| {
+                let (base, http) = (base.clone(), http.clone());
+                async move {
+                    for n in 0..100 {
+                        let body =
+                            json!({"clientMsgId": uuid::Uuid::new_v4(), "body": format!("m{n}")});
+                        let res = http
+                            .post(format!("{base}/conversations/{conv}/messages"))
+                            .bearer_auth(&token)
+                            .json(&body)
+                            .send()
+                            .await
+                            .expect("send");
+                        assert_eq!(res.status(), 201);
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+            });
+            futures::future::join_all(sends).await;
+        })
+    };
+
+    let mut records = p
+        .consume_until(Duration::from_secs(60), |rs| messages(rs).len() >= 150)
+        .await;
+    let pid = connect_pid();
+    let status = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -9 {pid}");
+    let killed_at = Instant::now();
+    eprintln!(
+        "killed Kafka Connect (pid {pid}) after {} messages had arrived",
+        messages(&records).len()
+    );
+
+    let restart = tokio::process::Command::new(repo_root().join("scripts/stack"))
+        .arg("up")
+        .status()
+        .await
+        .expect("scripts/stack up runs");
+    assert!(restart.success(), "scripts/stack up brings Connect back");
+    wait_until_streaming(&p.connector, &p.slot).await;
+    eprintln!(
+        "Kafka Connect streaming again {:.1} s after the kill",
+        killed_at.elapsed().as_secs_f64()
+    );
+    sender.await.expect("every send succeeded");
+
+    let expected: BTreeSet<(i64, i64)> = conversations
+        .iter()
+        .flat_map(|&c| (1..=100).map(move |s| (c, s)))
+        .collect();
+    let rest = p
+        .consume_until(Duration::from_secs(120), |rs| {
+            let mut seen: BTreeSet<(i64, i64)> = messages(&records).into_iter().collect();
+            seen.extend(messages(rs));
+            seen.is_superset(&expected)
+        })
+        .await;
+    records.extend(rest);
+    let all = messages(&records);
+    let unique: BTreeSet<_> = all.iter().copied().collect();
+    assert!(
+        unique.is_superset(&expected),
+        "every committed message arrived"
+    );
+    eprintln!(
+        "{} message.new records for {} messages: {} duplicates",
+        all.len(),
+        expected.len(),
+        all.len() - unique.len()
+    );
+    // Per conversation, after dedupe the seqs are 1..=100 in arrival order.
+    for &conv in &conversations {
+        let mut order = Vec::new();
+        for (c, s) in &all {
+            if *c == conv && !order.contains(s) {
+                order.push(*s);
+            }
+        }
+        assert_eq!(order, (1..=100).collect::<Vec<_>>(), "conversation {conv}");
+    }
+    p.cleanup().await;
+}
