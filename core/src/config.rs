@@ -14,6 +14,8 @@ use serde::de::DeserializeOwned;
 /// * `file` — an operator's file that overrides the defaults.
 /// * `aliases` — well-known variables mapped onto keys, e.g. `("DATABASE_URL", "database.url")`.
 /// * every `CHATPIPE_SECTION__KEY` variable overrides `section.key`.
+///
+/// The error lists every problem (unknown key, wrong type, missing value) with its source.
 pub fn load<T: DeserializeOwned>(
     defaults: &str,
     file: Option<&Path>,
@@ -29,7 +31,12 @@ pub fn load<T: DeserializeOwned>(
         }
         figment = figment.merge(Toml::file(path));
     }
-    figment = figment.merge(Env::prefixed("CHATPIPE_").split("__"));
+    // Only CHATPIPE_SECTION__KEY: other CHATPIPE_* variables (the stack's own) are not ours.
+    figment = figment.merge(
+        Env::prefixed("CHATPIPE_")
+            .filter(|k| k.as_str().contains("__"))
+            .split("__"),
+    );
     for (var, key) in aliases {
         if let Ok(value) = std::env::var(var) {
             figment = figment.merge((*key, value));

@@ -68,7 +68,8 @@ pub struct DatabaseSettings {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AuthSettings {
-    pub jwt_secret: SecretString,
+    /// Required to serve and to issue tokens; `migrate` runs without it.
+    pub jwt_secret: Option<SecretString>,
     pub leeway_secs: u64,
 }
 
@@ -96,6 +97,19 @@ impl Settings {
             .merge(("auth.jwt_secret", secret))
             .extract()
             .expect("the compiled-in defaults file is valid")
+    }
+}
+
+impl AuthSettings {
+    /// The signing keys; an error names the setting when the secret is missing or weak.
+    pub fn token_keys(&self) -> anyhow::Result<chatpipe_core::auth::TokenKeys> {
+        use anyhow::Context;
+        let secret = self
+            .jwt_secret
+            .as_ref()
+            .context("auth.jwt_secret (JWT_SECRET) is not set")?;
+        chatpipe_core::auth::TokenKeys::new(secret, Duration::from_secs(self.leeway_secs))
+            .context("auth.jwt_secret (JWT_SECRET)")
     }
 }
 

@@ -2,7 +2,6 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use chatpipe_core::auth::TokenKeys;
 use chatpipe_core::UserId;
 use clap::{Parser, Subcommand};
 use ingest_api::configuration::Settings;
@@ -55,8 +54,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Token { user, ttl } => {
             let user = UserId::new(user).context("--user")?;
-            let keys =
-                TokenKeys::new(&settings.auth.jwt_secret, Duration::ZERO).context("JWT_SECRET")?;
+            let keys = settings.auth.token_keys()?;
             println!("{}", keys.issue(user, Duration::from_secs(ttl)));
         }
     }

@@ -50,11 +50,7 @@ pub struct Application {
 
 impl Application {
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
-        let keys = TokenKeys::new(
-            &settings.auth.jwt_secret,
-            Duration::from_secs(settings.auth.leeway_secs),
-        )
-        .context("auth.jwt_secret (JWT_SECRET)")?;
+        let keys = settings.auth.token_keys()?;
         let registry = Registry::new(
             &settings.registry.url,
             Duration::from_millis(settings.registry.timeout_ms),

@@ -103,25 +103,46 @@ impl Registry {
 
     /// Pins the subject to BACKWARD_TRANSITIVE, whatever the registry's global default.
     async fn hold_compatibility(&self, subject: &str) -> Result<(), RegistryError> {
+        let error = |detail: String| RegistryError::Config {
+            subject: subject.to_owned(),
+            detail,
+        };
+        let url = format!("{}/config/{subject}", self.url);
+        if self.compatibility_of(&url).await.as_deref() == Some(COMPATIBILITY) {
+            return Ok(());
+        }
         let res = self
             .http
-            .put(format!("{}/config/{subject}", self.url))
+            .put(&url)
             .header("content-type", "application/vnd.schemaregistry.v1+json")
             .body(format!("{{\"compatibility\":\"{COMPATIBILITY}\"}}"))
             .send()
             .await
-            .map_err(|e| RegistryError::Config {
-                subject: subject.to_owned(),
-                detail: e.to_string(),
-            })?;
-        if !res.status().is_success() {
-            let detail = format!("{} {}", res.status(), res.text().await.unwrap_or_default());
-            return Err(RegistryError::Config {
-                subject: subject.to_owned(),
-                detail,
-            });
+            .map_err(|e| error(e.to_string()))?;
+        // Two services starting at once may both create the rule; one gets a conflict.
+        if res.status().is_success()
+            || self.compatibility_of(&url).await.as_deref() == Some(COMPATIBILITY)
+        {
+            return Ok(());
         }
-        Ok(())
+        Err(error(format!(
+            "{} {}",
+            res.status(),
+            res.text().await.unwrap_or_default()
+        )))
+    }
+
+    /// The subject's own compatibility level, if it has one.
+    async fn compatibility_of(&self, config_url: &str) -> Option<String> {
+        let res = self.http.get(config_url).send().await.ok()?;
+        if !res.status().is_success() {
+            return None;
+        }
+        let body: serde_json::Value = res.json().await.ok()?;
+        body.get("compatibilityLevel")
+            .or_else(|| body.get("compatibility"))?
+            .as_str()
+            .map(str::to_owned)
     }
 
     /// Registers the chat.events schema under its subject (`chat.events-value`) and

@@ -203,7 +203,9 @@ async fn pipeline_tail_prints_decoded_events_of_one_conversation_as_json_lines()
         ]
     );
     assert!(
-        lines.iter().all(|l| l["key"].as_str() == Some(conv.to_string().as_str())),
+        lines
+            .iter()
+            .all(|l| l["key"].as_str() == Some(conv.to_string().as_str())),
         "only the asked-for conversation"
     );
     assert_eq!(lines[3]["value"]["body"], "first");

@@ -224,6 +224,15 @@ fn connector_config(db: &str, slot: &str, ns: &str, topic: &str) -> Value {
         "transforms.outbox.route.topic.replacement",
         topic.to_owned(),
     );
+    // Topic patterns name the prefix: the outbox table's topic and the heartbeat topics.
+    for key in [
+        "predicates.isOutbox.pattern",
+        "topic.creation.heartbeats.include",
+    ] {
+        let pattern = config[key].as_str().expect("the connector file sets it");
+        let pattern = pattern.replace("chatpipe\\.", &format!("{ns}\\."));
+        set(&mut config, key, pattern);
+    }
     config
 }
 
