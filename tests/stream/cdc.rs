@@ -213,3 +213,64 @@ async fn pipeline_tail_prints_decoded_events_of_one_conversation_as_json_lines()
     assert_eq!(lines[4]["headers"]["eventType"], "message.new");
     p.cleanup().await;
 }
+
+/// docs/examples/consume_chat_events.py: Confluent's own Avro deserializer (Python,
+/// confluent-kafka) reads our records with nothing but the registry URL.
+#[tokio::test]
+async fn a_standard_confluent_deserializer_in_python_reads_chat_events() {
+    let python = std::env::var("CHATPIPE_PYTHON").unwrap_or_else(|_| {
+        panic!("CHATPIPE_PYTHON is not set: run the suite with scripts/test, which installs confluent-kafka")
+    });
+    let p = spawn_pipeline().await;
+    let conv = p.app.user(10).create_group(&[20]).await;
+    p.app.user(10).send_message(conv, "hallo python").await;
+    // Wait until the message is on the topic, then let Python read it from the start.
+    p.consume_until(Duration::from_secs(30), |rs| {
+        rs.iter()
+            .any(|r| matches!(r.event, ChatEvent::MessageNew(_)))
+    })
+    .await;
+
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/examples/consume_chat_events.py"
+    );
+    let output = tokio::process::Command::new(&python)
+        .args([
+            script,
+            "--topic",
+            &p.topic,
+            "--from-beginning",
+            "--max",
+            "4",
+            "--idle-timeout",
+            "30",
+        ])
+        .env("KAFKA_BROKERS", chatpipe_tests::stream::brokers())
+        .env("SCHEMA_REGISTRY_URL", chatpipe_tests::registry_url())
+        .output()
+        .await
+        .expect("python runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(
+        lines.len(),
+        4,
+        "conversation.created, 2 x member.joined, message.new"
+    );
+    let message = &lines[3]["event"];
+    assert_eq!(message["type"], "message.new");
+    assert_eq!(message["conversationId"], conv);
+    assert_eq!(message["payload"]["seq"], 1);
+    assert_eq!(message["payload"]["body"], "hallo python");
+    assert_eq!(lines[3]["key"], conv.to_string());
+    p.cleanup().await;
+}

@@ -1,0 +1,12 @@
+# The chatpipe binaries (ingest-api, pipeline, gateway) in one image, for docker-compose.yml.
+# Not built on our own machines (no Docker engine there); scripts/stack runs the same parts natively.
+FROM rust:1.95-bookworm AS build
+WORKDIR /src
+RUN apt-get update && apt-get install -y --no-install-recommends cmake && rm -rf /var/lib/apt/lists/*
+COPY . .
+RUN cargo build --release --locked -p ingest-api -p pipeline -p gateway
+
+FROM debian:bookworm-slim
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates && rm -rf /var/lib/apt/lists/*
+COPY --from=build /src/target/release/ingest-api /src/target/release/pipeline /src/target/release/gateway /usr/local/bin/
+ENTRYPOINT ["ingest-api"]

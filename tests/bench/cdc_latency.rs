@@ -1,0 +1,257 @@
+//! Commit-to-topic latency and burst drain time of the outbox path, on the real stack:
+//! ingest-api -> PostgreSQL -> Debezium -> chat.events. A measurement, not a test.
+//!
+//!   cdc-latency --base http://127.0.0.1:8080 --secret-file .stack/jwt-secret
+//!
+//! Phase 1 sends `--messages` (1,000) one at a time and, for each, measures from the
+//! 201 (the commit) to the moment this process reads the record from chat.events.
+//! Phase 2 sends a burst of `--burst` (10,000) with 32 concurrent senders and measures
+//! until the last of them is on the topic. Writes JSON with the machine.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use chatpipe_core::auth::TokenKeys;
+use chatpipe_core::UserId;
+use chatpipe_schemas::registry::Registry;
+use chatpipe_schemas::ChatEvent;
+use clap::Parser;
+use hdrhistogram::Histogram;
+use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use serde_json::json;
+use tokio::sync::Mutex;
+
+#[derive(Parser)]
+struct Args {
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    base: String,
+    #[arg(long, default_value = ".stack/jwt-secret")]
+    secret_file: String,
+    #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
+    brokers: String,
+    #[arg(
+        long,
+        env = "SCHEMA_REGISTRY_URL",
+        default_value = "http://127.0.0.1:8081/apis/ccompat/v7"
+    )]
+    registry: String,
+    #[arg(long, default_value = "chat.events")]
+    topic: String,
+    #[arg(long, default_value_t = 1000)]
+    messages: usize,
+    #[arg(long, default_value_t = 10_000)]
+    burst: usize,
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    #[arg(long, default_value = "target/bench/cdc-latency.json")]
+    out: String,
+}
+
+/// When each (conversation, seq) was read from the topic.
+type Arrivals = Arc<Mutex<HashMap<(i64, i64), Instant>>>;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let secret =
+        std::fs::read_to_string(&args.secret_file).with_context(|| args.secret_file.clone())?;
+    let keys = TokenKeys::new(&secret.trim().to_owned().into(), Duration::ZERO)?;
+    let user = 2_000_000 + (chatpipe_core::auth::unix_now() % 1_000_000) as i64;
+    let token = keys.issue(UserId::new(user).unwrap(), Duration::from_secs(3600));
+    let http = reqwest::Client::new();
+
+    let arrivals: Arrivals = Arc::default();
+    let reader = start_reader(&args, arrivals.clone()).await?;
+
+    // Phase 1: one at a time, commit -> topic.
+    let conv = create_group(&http, &args.base, &token).await?;
+    let mut latency = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
+    for _ in 0..args.messages {
+        let (seq, committed) = send(&http, &args.base, &token, conv).await?;
+        let arrived = wait_for(&arrivals, (conv, seq), Duration::from_secs(60)).await?;
+        latency.record(
+            arrived
+                .saturating_duration_since(committed)
+                .as_micros()
+                .max(1) as u64,
+        )?;
+    }
+    let ms = |q: f64| latency.value_at_quantile(q) as f64 / 1000.0;
+    println!(
+        "commit -> chat.events over {} messages: p50 {:.1} ms  p90 {:.1} ms  p99 {:.1} ms  max {:.1} ms",
+        args.messages,
+        ms(0.5),
+        ms(0.9),
+        ms(0.99),
+        latency.max() as f64 / 1000.0
+    );
+
+    // Phase 2: a burst over `concurrency` conversations.
+    let mut convs = Vec::new();
+    for _ in 0..args.concurrency {
+        convs.push(create_group(&http, &args.base, &token).await?);
+    }
+    let started = Instant::now();
+    // Sender i sends burst/concurrency messages, the first burst%concurrency one more.
+    let share =
+        |i: usize| args.burst / args.concurrency + usize::from(i < args.burst % args.concurrency);
+    let senders = convs.iter().enumerate().map(|(i, &c)| {
+        let (http, base, token, n) = (http.clone(), args.base.clone(), token.clone(), share(i));
+        tokio::spawn(async move {
+            let mut last = None;
+            for _ in 0..n {
+                last = Some(send(&http, &base, &token, c).await?);
+            }
+            anyhow::Ok(last)
+        })
+    });
+    let mut last_commit = started;
+    let mut expected = Vec::new();
+    for (c, s) in convs.iter().zip(futures::future::join_all(senders).await) {
+        if let Some((seq, at)) = s?? {
+            last_commit = last_commit.max(at);
+            expected.push((*c, seq));
+        }
+    }
+    let committed = started.elapsed();
+    let mut landed = started;
+    for key in expected {
+        landed = landed.max(wait_for(&arrivals, key, Duration::from_secs(300)).await?);
+    }
+    let total = landed.duration_since(started);
+    let drain = landed.saturating_duration_since(last_commit);
+    let sent = args.burst;
+    println!(
+        "burst of {sent}: all committed after {:.2} s ({:.0}/s), all on chat.events after {:.2} s; last record {:.0} ms after the last commit",
+        committed.as_secs_f64(),
+        sent as f64 / committed.as_secs_f64(),
+        total.as_secs_f64(),
+        drain.as_secs_f64() * 1000.0
+    );
+    reader.abort();
+
+    let report = json!({
+        "benchmark": "cdc-latency",
+        "latency_ms": {"messages": args.messages, "p50": ms(0.5), "p90": ms(0.9), "p99": ms(0.99), "max": latency.max() as f64 / 1000.0},
+        "burst": {"messages": sent, "senders": args.concurrency, "committed_s": committed.as_secs_f64(),
+                  "landed_s": total.as_secs_f64(), "drain_after_last_commit_ms": drain.as_secs_f64() * 1000.0},
+        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+    });
+    if let Some(dir) = std::path::Path::new(&args.out).parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&args.out, serde_json::to_vec_pretty(&report)?)?;
+    Ok(())
+}
+
+/// Reads the topic from its current end (assigned explicitly, so nothing sent after this
+/// returns can be missed) and notes when each message arrives.
+async fn start_reader(
+    args: &Args,
+    arrivals: Arrivals,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let config = {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &args.brokers)
+            .set("group.id", format!("cdc-latency-{}", uuid::Uuid::new_v4()))
+            .set("enable.auto.commit", "false")
+            .set("fetch.wait.max.ms", "5");
+        c
+    };
+    let probe: BaseConsumer = config.create()?;
+    let metadata = probe.fetch_metadata(Some(&args.topic), Duration::from_secs(10))?;
+    let partitions = metadata
+        .topics()
+        .first()
+        .context("topic metadata")?
+        .partitions()
+        .len() as i32;
+    let mut assignment = TopicPartitionList::new();
+    for p in 0..partitions {
+        let (_, high) = probe.fetch_watermarks(&args.topic, p, Duration::from_secs(10))?;
+        assignment.add_partition_offset(&args.topic, p, Offset::Offset(high))?;
+    }
+    let consumer: StreamConsumer = config.create()?;
+    consumer.assign(&assignment)?;
+    let decoder = Registry::new(&args.registry, Duration::from_secs(5))?.event_decoder();
+    Ok(tokio::spawn(async move {
+        loop {
+            let Ok(m) = consumer.recv().await else {
+                continue;
+            };
+            let now = Instant::now();
+            if let Some(Ok(ChatEvent::MessageNew(e))) = match m.payload() {
+                Some(bytes) => Some(decoder.decode(bytes).await),
+                None => None,
+            } {
+                arrivals
+                    .lock()
+                    .await
+                    .entry((e.conversation_id, e.seq))
+                    .or_insert(now);
+            }
+        }
+    }))
+}
+
+async fn wait_for(
+    arrivals: &Arrivals,
+    key: (i64, i64),
+    limit: Duration,
+) -> anyhow::Result<Instant> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(at) = arrivals.lock().await.get(&key) {
+            return Ok(*at);
+        }
+        if Instant::now() > deadline {
+            bail!("{key:?} not on the topic after {limit:?}");
+        }
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+}
+
+async fn create_group(http: &reqwest::Client, base: &str, token: &str) -> anyhow::Result<i64> {
+    let res = http
+        .post(format!("{base}/conversations"))
+        .bearer_auth(token)
+        .json(&json!({"type": "GROUP", "memberIds": []}))
+        .send()
+        .await?;
+    if res.status() != 201 {
+        bail!("creating a group: {}", res.status());
+    }
+    res.json::<serde_json::Value>().await?["conversationId"]
+        .as_i64()
+        .context("conversationId")
+}
+
+/// Sends one message; returns its seq and the moment the 201 (the commit) arrived.
+async fn send(
+    http: &reqwest::Client,
+    base: &str,
+    token: &str,
+    conv: i64,
+) -> anyhow::Result<(i64, Instant)> {
+    let res = http
+        .post(format!("{base}/conversations/{conv}/messages"))
+        .bearer_auth(token)
+        .json(&json!({"clientMsgId": uuid::Uuid::new_v4(), "body": "latency probe"}))
+        .send()
+        .await?;
+    let at = Instant::now();
+    if res.status() != 201 {
+        bail!(
+            "send: {} {}",
+            res.status(),
+            res.text().await.unwrap_or_default()
+        );
+    }
+    let seq = res.json::<serde_json::Value>().await?["seq"]
+        .as_i64()
+        .context("seq")?;
+    Ok((seq, at))
+}
