@@ -185,6 +185,23 @@ async fn lock_as_member(
     .ok_or_else(ApiError::conversation_not_found)
 }
 
+/// The same for a membership change: only GROUPs have one; a DIRECT conversation keeps
+/// its two members.
+async fn lock_group_as_member(
+    conn: &mut PgConnection,
+    conversation: ConversationId,
+    caller: UserId,
+) -> Result<Locked, ApiError> {
+    let locked = lock_as_member(conn, conversation, caller).await?;
+    if locked.kind == "DIRECT" {
+        return Err(ApiError::conflict(
+            "direct-membership-fixed",
+            "a DIRECT conversation has exactly its two members",
+        ));
+    }
+    Ok(locked)
+}
+
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MembersAdded {
@@ -206,13 +223,7 @@ pub async fn add_members(
     max_members: usize,
 ) -> Result<MembersAdded, ApiError> {
     let mut tx = db.pool.begin().await?;
-    let locked = lock_as_member(&mut tx, conversation, caller).await?;
-    if locked.kind == "DIRECT" {
-        return Err(ApiError::conflict(
-            "direct-membership-fixed",
-            "a DIRECT conversation has exactly its two members",
-        ));
-    }
+    let locked = lock_group_as_member(&mut tx, conversation, caller).await?;
     let added = insert_members(&mut tx, conversation.get(), user_ids, locked.last_seq).await?;
     let member_count = locked.member_count as usize + added.len();
     if member_count > max_members {
@@ -244,13 +255,7 @@ pub async fn remove_member(
     user: UserId,
 ) -> Result<(), ApiError> {
     let mut tx = db.pool.begin().await?;
-    let locked = lock_as_member(&mut tx, conversation, caller).await?;
-    if locked.kind == "DIRECT" {
-        return Err(ApiError::conflict(
-            "direct-membership-fixed",
-            "a DIRECT conversation has exactly its two members",
-        ));
-    }
+    let locked = lock_group_as_member(&mut tx, conversation, caller).await?;
     if user != caller && locked.created_by != caller.get() {
         return Err(ApiError::Forbidden {
             detail: "only the group's creator may remove other members".into(),
