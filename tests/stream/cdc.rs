@@ -4,6 +4,7 @@ use std::time::Duration;
 use chatpipe_schemas::ChatEvent;
 use chatpipe_tests::stream::{spawn_pipeline, Record};
 use futures::future::join_all;
+use sqlx::Connection;
 
 fn message_seqs(records: &[Record]) -> BTreeMap<i64, Vec<i64>> {
     let mut seqs: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
@@ -62,7 +63,29 @@ async fn a_message_sent_through_the_api_arrives_on_chat_events_decoded_and_keyed
         ]
     );
     assert!(records.iter().all(|x| x.partition == r.partition));
+
+    // Cleanup leaves no replication slot (it would hold WAL forever), connector or topic.
+    let (slot, connector, topic) = (p.slot.clone(), p.connector.clone(), p.topic.clone());
     p.cleanup().await;
+    let mut admin = sqlx::PgConnection::connect(&chatpipe_tests::server_url())
+        .await
+        .unwrap();
+    let slots: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1")
+            .bind(&slot)
+            .fetch_one(&mut admin)
+            .await
+            .unwrap();
+    assert_eq!(slots, 0, "slot {slot} dropped");
+    let status = chatpipe_tests::stream::connector_status(&connector).await;
+    assert_eq!(
+        status["error_code"], 404,
+        "connector {connector} deleted: {status}"
+    );
+    assert!(
+        !chatpipe_tests::stream::topic_exists(&topic).await,
+        "topic {topic} deleted"
+    );
 }
 
 async fn app_outbox_is_empty(p: &chatpipe_tests::stream::Pipeline) {

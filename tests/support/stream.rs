@@ -172,6 +172,26 @@ impl Pipeline {
     }
 }
 
+/// Whether the broker still lists the topic (deletion is asynchronous: polled briefly).
+pub async fn topic_exists(topic: &str) -> bool {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .expect("Kafka admin client");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let metadata = admin
+            .inner()
+            .fetch_metadata(None, Duration::from_secs(5))
+            .expect("Kafka metadata");
+        let present = metadata.topics().iter().any(|t| t.name() == topic);
+        if !present || Instant::now() > deadline {
+            return present;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn create_topic(topic: &str, partitions: i32) {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", brokers())
