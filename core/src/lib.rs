@@ -4,6 +4,8 @@
 pub mod auth;
 pub mod config;
 pub mod ids;
+pub mod kafka;
+pub mod outbox;
 pub mod problem;
 pub mod telemetry;
 

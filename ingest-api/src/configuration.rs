@@ -18,6 +18,7 @@ const ALIASES: &[(&str, &str)] = &[
     ("JWT_SECRET", "auth.jwt_secret"),
     ("INGEST_ADDR", "http.addr"),
     ("SCHEMA_REGISTRY_URL", "registry.url"),
+    ("KAFKA_BROKERS", "kafka.brokers"),
 ];
 
 #[derive(Debug, Clone, Deserialize)]
@@ -29,6 +30,30 @@ pub struct Settings {
     pub limits: Limits,
     pub registry: RegistrySettings,
     pub outbox: OutboxSettings,
+    pub reads: ReadSettings,
+    pub kafka: KafkaSettings,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReadMode {
+    Stream,
+    Direct,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReadSettings {
+    pub mode: ReadMode,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSettings {
+    pub brokers: String,
+    pub receipts_topic: String,
+    pub produce_timeout_ms: u64,
+    pub queue_max_messages: u32,
 }
 
 #[derive(Debug, Clone, Deserialize)]

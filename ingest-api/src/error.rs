@@ -33,6 +33,8 @@ pub enum ApiError {
     Forbidden { detail: String },
     #[error("{detail}")]
     Conflict { code: &'static str, detail: String },
+    #[error(transparent)]
+    ReceiptsUnavailable(#[from] crate::receipts::ProduceError),
     #[error("database pool exhausted: {0}")]
     Unavailable(sqlx::Error),
     #[error("database error: {0}")]
@@ -128,6 +130,12 @@ impl ApiError {
             Self::Conflict { code, detail } => {
                 Problem::new(S::CONFLICT, code, "Conflict", detail.clone())
             }
+            Self::ReceiptsUnavailable(_) => Problem::new(
+                S::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "Service unavailable",
+                "the read receipt could not be stored; retry",
+            ),
             Self::Unavailable(_) => Problem::new(
                 S::SERVICE_UNAVAILABLE,
                 "unavailable",

@@ -23,8 +23,10 @@ use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tower::ServiceBuilder;
 
+use crate::configuration::ReadMode;
 use crate::configuration::{DatabaseSettings, Limits, Settings};
 use crate::error::ErrorCause;
+use crate::receipts::ReceiptProducer;
 use crate::routes;
 use crate::store::{Outbox, Store};
 
@@ -36,6 +38,8 @@ pub struct AppState {
     pub limits: Arc<Limits>,
     pub max_request_bytes: usize,
     pub metrics: PrometheusHandle,
+    /// `Some` when `reads.mode = "stream"`.
+    pub receipts: Option<ReceiptProducer>,
 }
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
@@ -65,6 +69,19 @@ impl Application {
         if settings.database.migrate_on_start {
             MIGRATOR.run(&pool).await.context("applying migrations")?;
         }
+        let receipts = match settings.reads.mode {
+            ReadMode::Direct => None,
+            ReadMode::Stream => {
+                let codec = registry
+                    .receipt_codec()
+                    .await
+                    .context("registering the chat.read-receipts schema")?;
+                Some(
+                    ReceiptProducer::new(&settings.kafka, codec)
+                        .context("the Kafka producer (kafka.brokers)")?,
+                )
+            }
+        };
         let state = AppState {
             store: Store {
                 pool: pool.clone(),
@@ -74,6 +91,7 @@ impl Application {
             limits: Arc::new(settings.limits.clone()),
             max_request_bytes: settings.http.max_request_bytes,
             metrics: chatpipe_core::telemetry::metrics_handle(),
+            receipts,
         };
         let router = router(state, settings.http.request_timeout());
         let listener = TcpListener::bind(settings.http.addr)

@@ -1,9 +1,13 @@
 //! `pipeline`: chatpipe's stream processors, and tools to look at the streams.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use anyhow::Context;
+use axum::routing::get;
 use clap::{Parser, Subcommand};
+use pipeline::settings::Settings;
 
 #[derive(Parser)]
 #[command(
@@ -21,6 +25,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the receipts aggregator: chat.read-receipts -> batched watermark flushes.
+    Receipts,
     /// Print a topic's records, decoded, as JSON lines on stdout.
     Tail(pipeline::tail::TailArgs),
 }
@@ -29,11 +35,44 @@ enum Command {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     chatpipe_core::telemetry::init_logging();
-    let settings = pipeline::settings::Settings::load(cli.config.as_deref())
-        .context("loading configuration")?;
+    let settings = Settings::load(cli.config.as_deref()).context("loading configuration")?;
     match cli.command {
         Command::Tail(args) => {
             pipeline::tail::run(&settings, args, &mut std::io::stdout().lock()).await
         }
+        Command::Receipts => {
+            serve_metrics(&settings).await?;
+            let stop = Arc::new(AtomicBool::new(false));
+            let worker = {
+                let (settings, stop) = (settings.clone(), stop.clone());
+                tokio::task::spawn_blocking(move || pipeline::receipts::run(&settings, stop))
+            };
+            let flag = stop.clone();
+            tokio::spawn(async move {
+                shutdown_signal().await;
+                tracing::info!("stopping: flushing the open window, then leaving the group");
+                flag.store(true, Ordering::Relaxed);
+            });
+            worker.await?
+        }
     }
+}
+
+/// `/metrics` and `/healthz` on `http.metrics_addr`.
+async fn serve_metrics(settings: &Settings) -> anyhow::Result<()> {
+    let handle = chatpipe_core::telemetry::metrics_handle();
+    let app = axum::Router::new()
+        .route("/metrics", get(move || std::future::ready(handle.render())))
+        .route("/healthz", get(|| std::future::ready("ok")));
+    let listener = tokio::net::TcpListener::bind(&settings.http.metrics_addr)
+        .await
+        .with_context(|| format!("binding http.metrics_addr {}", settings.http.metrics_addr))?;
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("SIGTERM handler");
+    tokio::select! { _ = tokio::signal::ctrl_c() => {}, _ = term.recv() => {} }
 }

@@ -7,6 +7,7 @@ const DEFAULTS: &str = include_str!("../../config/pipeline.toml");
 const ALIASES: &[(&str, &str)] = &[
     ("KAFKA_BROKERS", "kafka.brokers"),
     ("SCHEMA_REGISTRY_URL", "registry.url"),
+    ("DATABASE_URL", "database.url"),
 ];
 
 #[derive(Debug, Clone, Deserialize)]
@@ -14,6 +15,11 @@ const ALIASES: &[(&str, &str)] = &[
 pub struct Settings {
     pub kafka: KafkaSettings,
     pub registry: RegistrySettings,
+    pub database: DatabaseSettings,
+    pub outbox: OutboxSettings,
+    pub receipts: ReceiptsSettings,
+    pub http: HttpSettings,
+    pub fault: FaultSettings,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -27,6 +33,44 @@ pub struct KafkaSettings {
 pub struct RegistrySettings {
     pub url: String,
     pub timeout_ms: u64,
+    pub events_subject: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseSettings {
+    pub url: String,
+    pub max_connections: u32,
+    pub acquire_timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutboxSettings {
+    pub delete_after_write: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReceiptsSettings {
+    pub topic: String,
+    pub group: String,
+    pub debounce_window_ms: u64,
+    pub max_batch_keys: usize,
+    pub max_poll_ms: u64,
+    pub concurrency: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSettings {
+    pub metrics_addr: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultSettings {
+    pub kill_after_db_commit: bool,
 }
 
 impl Settings {

@@ -11,6 +11,7 @@
 
 pub mod avro;
 pub mod contract;
+pub mod receipt;
 pub mod registry;
 
 use chrono::{DateTime, Utc};

@@ -145,6 +145,12 @@ impl Registry {
             .map(str::to_owned)
     }
 
+    /// Registers the chat.read-receipts schema and returns a codec for it.
+    pub async fn receipt_codec(&self) -> Result<crate::receipt::ReceiptCodec, RegistryError> {
+        let id = self.register(&crate::contract::READ_RECEIPTS).await?;
+        Ok(crate::receipt::ReceiptCodec::new(id))
+    }
+
     /// Registers the chat.events schema under its subject (`chat.events-value`) and
     /// returns a codec for it.
     pub async fn event_codec(&self) -> Result<EventCodec, RegistryError> {
@@ -182,18 +188,33 @@ pub enum DecodeError {
 }
 
 impl EventDecoder {
-    pub async fn decode(&self, bytes: &[u8]) -> Result<ChatEvent, DecodeError> {
+    /// A chat.read-receipts value of any registered version.
+    pub async fn decode_receipt(
+        &self,
+        bytes: &[u8],
+    ) -> Result<crate::receipt::ReadReceipt, DecodeError> {
+        let value = self.value(bytes).await?;
+        Ok(crate::receipt::ReadReceipt::from_value(value)?)
+    }
+
+    /// The record in the writer's schema, fetched by the id in the frame (cached).
+    async fn value(&self, bytes: &[u8]) -> Result<apache_avro::types::Value, DecodeError> {
         let (id, body) = split_frame(bytes)?;
         let writer = self.writers.get_schema(id).await?;
-        // Read with the writer's schema and map fields by name (`from_value`): apache-avro's
-        // schema resolution matches union branches by shape, and MemberJoined's fields are
-        // a superset of ReadUpdated's, so it would pick the wrong branch. By name, a newer
-        // writer's extra fields are ignored and an older writer's missing optional fields
-        // read as absent, which is what BACKWARD_TRANSITIVE promises.
         let value = GenericDatumReader::builder(&writer.parsed)
             .build()
             .and_then(|reader| reader.read_value(&mut &body[..]))
             .map_err(CodecError::from)?;
-        Ok(from_value(value)?)
+        Ok(value)
+    }
+
+    /// A chat.events value of any registered version. Read with the writer's schema and
+    /// mapped by field name (`from_value`): apache-avro's schema resolution matches union
+    /// branches by shape, and MemberJoined's fields are a superset of ReadUpdated's, so it
+    /// would pick the wrong branch. By name, a newer writer's extra fields are ignored and
+    /// an older writer's missing optional fields read as absent, as BACKWARD_TRANSITIVE
+    /// promises.
+    pub async fn decode(&self, bytes: &[u8]) -> Result<ChatEvent, DecodeError> {
+        Ok(from_value(self.value(bytes).await?)?)
     }
 }

@@ -2,3 +2,4 @@
 //! (`scripts/stack up`): PostgreSQL, Kafka, Kafka Connect with Debezium, the registry.
 
 mod cdc;
+mod receipts;

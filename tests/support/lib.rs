@@ -16,7 +16,7 @@ use chatpipe_core::UserId;
 use chatpipe_schemas::avro::EventCodec;
 use chatpipe_schemas::registry::Registry;
 use chatpipe_schemas::ChatEvent;
-use ingest_api::configuration::Settings;
+use ingest_api::configuration::{ReadMode, Settings};
 use ingest_api::startup::Application;
 use secrecy::SecretString;
 use serde_json::Value;
@@ -37,7 +37,7 @@ pub fn registry_url() -> String {
 }
 
 /// `url` with its database name replaced.
-fn with_database(url: &str, db: &str) -> String {
+pub fn with_database(url: &str, db: &str) -> String {
     let (base, query) = url
         .split_once('?')
         .map_or((url, None), |(b, q)| (b, Some(q)));
@@ -128,6 +128,9 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     settings.database.max_connections = 20;
     settings.registry.url = registry_url();
     settings.outbox.delete_after_write = false;
+    // The REST suite tests the direct read path; stream tests switch to the stream.
+    settings.reads.mode = ReadMode::Direct;
+    settings.kafka.brokers = stream::brokers();
     adjust(&mut settings);
     let registry = Registry::new(&settings.registry.url, Duration::from_secs(5)).unwrap();
     let codec = registry

@@ -11,7 +11,8 @@
 //! (default 127.0.0.1:9092). If they are not there, the test fails and says so.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chatpipe_schemas::registry::{EventDecoder, Registry};
@@ -25,6 +26,7 @@ use serde_json::{json, Value};
 use sqlx::{Connection, PgConnection};
 
 use crate::{registry_url, server_url, spawn_app_with, TestApp};
+use ingest_api::configuration::ReadMode;
 
 const CONNECTOR_JSON: &str = include_str!("../../config/stack/chatpipe-outbox-connector.json");
 const NS_PREFIX: &str = "cpt";
@@ -52,6 +54,10 @@ pub struct Pipeline {
     pub app: TestApp,
     pub ns: String,
     pub topic: String,
+    /// `<ns>.chat.read-receipts`; its dead letters go to `<ns>.chat.read-receipts.dlq`.
+    pub receipts_topic: String,
+    pub database_url: String,
+    pub events_subject: String,
     pub connector: String,
     pub slot: String,
     pub decoder: EventDecoder,
@@ -59,7 +65,14 @@ pub struct Pipeline {
 }
 
 /// Starts an app whose outbox streams, through Debezium, to a topic of this test's own.
+/// Read receipts take the direct path.
 pub async fn spawn_pipeline() -> Pipeline {
+    spawn_pipeline_with(ReadMode::Direct).await
+}
+
+/// The same, with `reads.mode` chosen: `Stream` sends receipts to `<ns>.chat.read-receipts`
+/// for a receipts processor ([`Pipeline::start_receipts`]).
+pub async fn spawn_pipeline_with(reads: ReadMode) -> Pipeline {
     static COUNTER: AtomicU32 = AtomicU32::new(0);
     remove_stale_namespaces().await;
     let ns = format!(
@@ -70,13 +83,18 @@ pub async fn spawn_pipeline() -> Pipeline {
     );
     let topic = format!("{ns}.chat.events");
     // The real configuration: rows are deleted in the transaction that wrote them.
-    let subject = format!("{topic}-value");
+    let events_subject = format!("{topic}-value");
+    let receipts_topic = format!("{ns}.chat.read-receipts");
     let app = spawn_app_with(|s| {
         s.outbox.delete_after_write = true;
-        s.registry.events_subject = subject;
+        s.registry.events_subject = events_subject.clone();
+        s.reads.mode = reads;
+        s.kafka.receipts_topic = receipts_topic.clone();
     })
     .await;
     create_topic(&topic, 6).await;
+    create_topic(&receipts_topic, 6).await;
+    create_topic(&format!("{receipts_topic}.dlq"), 1).await;
     let db: String = sqlx::query_scalar("SELECT current_database()")
         .fetch_one(&app.pool)
         .await
@@ -97,9 +115,13 @@ pub async fn spawn_pipeline() -> Pipeline {
     let decoder = Registry::new(&registry_url(), Duration::from_secs(5))
         .unwrap()
         .event_decoder();
+    let database_url = crate::with_database(&server_url(), &db);
     Pipeline {
         app,
         ns,
+        receipts_topic,
+        database_url,
+        events_subject,
         topic,
         connector,
         slot,
@@ -166,6 +188,31 @@ impl Pipeline {
         records
     }
 
+    /// Settings for a receipts processor of this namespace: its database, topics,
+    /// subject and a consumer group of its own.
+    pub fn receipts_settings(&self) -> pipeline::settings::Settings {
+        let mut s = pipeline::settings::Settings::load(None).expect("pipeline defaults");
+        s.kafka.brokers = brokers();
+        s.registry.url = registry_url();
+        s.registry.events_subject = self.events_subject.clone();
+        s.database.url = self.database_url.clone();
+        s.receipts.topic = self.receipts_topic.clone();
+        s.receipts.group = format!("{}-receipts", self.ns);
+        s
+    }
+
+    /// Runs a receipts processor in this process until the handle is stopped.
+    pub fn start_receipts(&self, settings: pipeline::settings::Settings) -> ReceiptsProcessor {
+        chatpipe_core::telemetry::init_logging();
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || pipeline::receipts::run(&settings, flag));
+        ReceiptsProcessor {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
     /// Removes the connector, its replication slot and the topic.
     pub async fn cleanup(self) {
         remove_namespace(&self.ns, Some(&self.connector), Some(&self.slot)).await;
@@ -192,7 +239,38 @@ pub async fn topic_exists(topic: &str) -> bool {
     }
 }
 
-async fn create_topic(topic: &str, partitions: i32) {
+/// A receipts processor on a thread of this test; stops (flushing) when told or dropped.
+pub struct ReceiptsProcessor {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl ReceiptsProcessor {
+    /// Stops it as SIGTERM would: flush the open window, commit, leave the group.
+    pub fn stop(mut self) -> anyhow::Result<()> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread
+            .take()
+            .expect("running")
+            .join()
+            .expect("the processor thread panicked")
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
+}
+
+impl Drop for ReceiptsProcessor {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+pub async fn create_topic(topic: &str, partitions: i32) {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", brokers())
         .create()
@@ -421,4 +499,64 @@ async fn remove_stale_namespaces() {
         }
     })
     .await;
+}
+
+/// Produces raw bytes to a topic (keyed), waiting for the broker's ack.
+pub async fn produce_raw(topic: &str, key: &str, payload: &[u8]) {
+    let producer: rdkafka::producer::FutureProducer =
+        chatpipe_core::kafka::producer_config(&brokers())
+            .create()
+            .expect("Kafka producer");
+    producer
+        .send(
+            rdkafka::producer::FutureRecord::to(topic)
+                .key(key)
+                .payload(payload),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap_or_else(|(e, _)| panic!("producing to {topic}: {e}"));
+}
+
+/// Waits until `group` has committed offsets up to the end of every partition of `topic`.
+pub async fn wait_until_consumed(group: &str, topic: &str, deadline: Duration) {
+    let consumer: rdkafka::consumer::BaseConsumer =
+        chatpipe_core::kafka::consumer_config(&brokers(), group)
+            .create()
+            .expect("Kafka consumer");
+    let metadata = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .expect("metadata");
+    let partitions = metadata.topics()[0].partitions().len() as i32;
+    let until = Instant::now() + deadline;
+    loop {
+        let mut wanted = rdkafka::TopicPartitionList::new();
+        for p in 0..partitions {
+            wanted.add_partition(topic, p);
+        }
+        let committed = consumer
+            .committed_offsets(wanted, Duration::from_secs(5))
+            .expect("committed offsets");
+        let mut behind = Vec::new();
+        for p in 0..partitions {
+            let (_, high) = consumer
+                .fetch_watermarks(topic, p, Duration::from_secs(5))
+                .expect("watermarks");
+            let at = match committed.find_partition(topic, p).map(|e| e.offset()) {
+                Some(rdkafka::Offset::Offset(o)) => o,
+                _ => 0,
+            };
+            if at < high {
+                behind.push((p, at, high));
+            }
+        }
+        if behind.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "group {group} still behind on {topic} after {deadline:?}: {behind:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -1,6 +1,8 @@
 use axum::extract::State;
-use axum::response::IntoResponse;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use chatpipe_core::{ConversationId, Seq};
+use chatpipe_schemas::receipt::ReadReceipt;
 use serde::Deserialize;
 
 use crate::domain::seq;
@@ -15,17 +17,42 @@ pub struct MarkRead {
     seq: i64,
 }
 
-/// `POST /conversations/{id}/read` `{seq}` → `{lastReadSeq, advanced}`.
+/// `POST /conversations/{id}/read` `{seq}`.
+///
+/// Stream mode (the default): `202 {conversationId, acceptedSeq, lastReadSeq}`, the
+/// receipt is on `chat.read-receipts` and the watermark moves within one debounce window.
+/// Direct mode: `200 {lastReadSeq, advanced}`, moved in this request.
 pub async fn mark_read(
     State(state): State<AppState>,
     Caller(reader): Caller,
     ConversationPath(conversation): ConversationPath,
     Json(req): Json<MarkRead>,
-) -> Result<impl IntoResponse, ApiError> {
+) -> Result<Response, ApiError> {
     let seq = seq("seq", req.seq)?;
-    Ok(axum::Json(
-        store::mark_read(&state.store, conversation, reader, seq).await?,
-    ))
+    let Some(producer) = &state.receipts else {
+        let outcome = store::mark_read(&state.store, conversation, reader, seq).await?;
+        return Ok(axum::Json(outcome).into_response());
+    };
+    let position = store::read_position(&state.store, conversation, reader).await?;
+    // Clamp as the flush will; a receipt that cannot advance the watermark is not sent.
+    let accepted = seq.get().min(position.last_seq);
+    if accepted > position.last_read_seq {
+        let receipt = ReadReceipt {
+            conversation_id: conversation.get(),
+            user_id: reader.get(),
+            seq: accepted,
+            at: chatpipe_core::outbox::now(),
+        };
+        producer.send(&receipt).await?;
+    } else {
+        metrics::counter!("receipts_not_sent_total", "reason" => "no_advance").increment(1);
+    }
+    let body = serde_json::json!({
+        "conversationId": conversation.get(),
+        "acceptedSeq": accepted,
+        "lastReadSeq": position.last_read_seq,
+    });
+    Ok((StatusCode::ACCEPTED, axum::Json(body)).into_response())
 }
 
 /// `GET /conversations/{id}/messages/{seq}/receipts`

@@ -6,10 +6,8 @@ pub mod inbox;
 pub mod messages;
 pub mod reads;
 
-use chatpipe_schemas::avro::EventCodec;
-use chatpipe_schemas::{ChatEvent, AGGREGATE_TYPE};
-use sqlx::{PgConnection, PgPool};
-use uuid::Uuid;
+pub use chatpipe_core::outbox::Outbox;
+use sqlx::PgPool;
 
 /// The database and the outbox: what every store function needs.
 #[derive(Clone)]
@@ -18,79 +16,4 @@ pub struct Store {
     pub outbox: Outbox,
 }
 
-/// Writes events to the `outbox` table, Avro-encoded in the Confluent framing, for
-/// Debezium's EventRouter to route to `chat.events`, keyed by conversation id.
-#[derive(Clone)]
-pub struct Outbox {
-    codec: EventCodec,
-    /// Delete each row in the transaction that wrote it: the WAL keeps the insert for
-    /// Debezium and the table stays empty. Off only to inspect rows (tests).
-    delete_after_write: bool,
-}
-
-impl Outbox {
-    pub fn new(codec: EventCodec, delete_after_write: bool) -> Self {
-        Self {
-            codec,
-            delete_after_write,
-        }
-    }
-
-    pub fn codec(&self) -> &EventCodec {
-        &self.codec
-    }
-
-    /// Writes events in the caller's transaction, in the given order.
-    pub async fn write(
-        &self,
-        conn: &mut PgConnection,
-        events: &[ChatEvent],
-    ) -> Result<(), sqlx::Error> {
-        if events.is_empty() {
-            return Ok(());
-        }
-        let ids: Vec<Uuid> = events.iter().map(|_| Uuid::new_v4()).collect();
-        let keys: Vec<String> = events
-            .iter()
-            .map(|e| e.conversation_id().to_string())
-            .collect();
-        let types: Vec<&str> = events.iter().map(ChatEvent::event_type).collect();
-        let payloads: Vec<Vec<u8>> = events.iter().map(|e| self.codec.encode(e)).collect();
-        // WITH ORDINALITY keeps the order of the events in the WAL, and so on the topic.
-        sqlx::query(
-            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload)
-             SELECT i, $1, k, t, p
-               FROM unnest($2::uuid[], $3::text[], $4::text[], $5::bytea[]) WITH ORDINALITY AS e(i, k, t, p, n)
-              ORDER BY n",
-        )
-        .bind(AGGREGATE_TYPE)
-        .bind(&ids)
-        .bind(&keys)
-        .bind(&types)
-        .bind(&payloads)
-        .execute(&mut *conn)
-        .await?;
-        self.clear(conn, &ids).await?;
-        for t in types {
-            metrics::counter!("outbox_events_written_total", "type" => t).increment(1);
-        }
-        Ok(())
-    }
-
-    /// Deletes rows this transaction wrote (when configured to).
-    pub async fn clear(&self, conn: &mut PgConnection, ids: &[Uuid]) -> Result<(), sqlx::Error> {
-        if self.delete_after_write {
-            sqlx::query("DELETE FROM outbox WHERE id = ANY($1)")
-                .bind(ids)
-                .execute(conn)
-                .await?;
-        }
-        Ok(())
-    }
-}
-
-/// Now, at the database's precision (microseconds), so what we return equals what we store.
-pub fn now() -> chrono::DateTime<chrono::Utc> {
-    let now = chrono::Utc::now();
-    chrono::DateTime::from_timestamp_micros(now.timestamp_micros()).unwrap_or(now)
-}
+pub use chatpipe_core::outbox::now;

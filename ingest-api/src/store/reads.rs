@@ -70,6 +70,34 @@ pub async fn mark_read(
     })
 }
 
+/// Where a member's watermark stands, and how far it could go.
+pub struct ReadPosition {
+    pub last_seq: i64,
+    pub last_read_seq: i64,
+}
+
+/// The caller's watermark and the conversation's last seq; 404 for non-members.
+pub async fn read_position(
+    db: &Store,
+    conversation: ConversationId,
+    reader: UserId,
+) -> Result<ReadPosition, ApiError> {
+    let (last_seq, last_read_seq): (i64, i64) = sqlx::query_as(
+        "SELECT c.last_seq, m.last_read_seq FROM conversation c
+           JOIN conversation_member m ON m.conversation_id = c.id AND m.user_id = $2
+          WHERE c.id = $1",
+    )
+    .bind(conversation.get())
+    .bind(reader.get())
+    .fetch_optional(&db.pool)
+    .await?
+    .ok_or_else(ApiError::conversation_not_found)?;
+    Ok(ReadPosition {
+        last_seq,
+        last_read_seq,
+    })
+}
+
 /// Receipts of one message: "read by N" for a group, "read" for a DIRECT chat.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase", untagged)]

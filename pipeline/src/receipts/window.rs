@@ -1,0 +1,205 @@
+//! The receipts aggregator's state: per partition, the highest seq per (conversation,
+//! user) since the last flush, and the offset to commit once that flush is durable.
+//!
+//! A window opens with its first receipt and is due `debounce_window` later, or as soon
+//! as it holds `max_batch_keys` distinct keys. Time comes in as a parameter so the
+//! debounce is tested with paused time.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// (conversation id, user id)
+pub type MemberKey = (i64, i64);
+
+#[derive(Debug, Default)]
+struct PartitionWindow {
+    max_seq: HashMap<MemberKey, i64>,
+    /// The offset after the last record taken in: what to commit after the flush.
+    next_offset: Option<i64>,
+}
+
+#[derive(Debug)]
+pub struct Window {
+    debounce: Duration,
+    max_batch_keys: usize,
+    partitions: HashMap<i32, PartitionWindow>,
+    keys: usize,
+    receipts: u64,
+    opened_at: Option<Instant>,
+}
+
+/// What one flush writes and then commits.
+#[derive(Debug, Default, PartialEq)]
+pub struct Batch {
+    /// Sorted by key, so concurrent flushes lock member rows in one order.
+    pub watermarks: Vec<(MemberKey, i64)>,
+    /// partition -> offset to commit after the database commit.
+    pub offsets: Vec<(i32, i64)>,
+    /// Receipts that collapsed into `watermarks`.
+    pub receipts: u64,
+}
+
+impl Batch {
+    pub fn is_empty(&self) -> bool {
+        self.watermarks.is_empty() && self.offsets.is_empty()
+    }
+}
+
+impl Window {
+    pub fn new(debounce: Duration, max_batch_keys: usize) -> Self {
+        Self {
+            debounce,
+            max_batch_keys,
+            partitions: HashMap::new(),
+            keys: 0,
+            receipts: 0,
+            opened_at: None,
+        }
+    }
+
+    /// Takes in one receipt read at `offset` of `partition`.
+    pub fn add(&mut self, partition: i32, offset: i64, key: MemberKey, seq: i64, now: Instant) {
+        let p = self.partitions.entry(partition).or_default();
+        match p.max_seq.get_mut(&key) {
+            Some(max) => *max = (*max).max(seq),
+            None => {
+                p.max_seq.insert(key, seq);
+                self.keys += 1;
+            }
+        }
+        p.next_offset = Some(offset + 1);
+        self.receipts += 1;
+        self.opened_at.get_or_insert(now);
+    }
+
+    /// A record that carries no receipt (e.g. sent to the dead-letter topic): its offset
+    /// is committed with the next flush.
+    pub fn skip(&mut self, partition: i32, offset: i64, now: Instant) {
+        self.partitions.entry(partition).or_default().next_offset = Some(offset + 1);
+        self.opened_at.get_or_insert(now);
+    }
+
+    pub fn due(&self, now: Instant) -> bool {
+        self.keys >= self.max_batch_keys
+            || self
+                .opened_at
+                .is_some_and(|t| now.duration_since(t) >= self.debounce)
+    }
+
+    /// When the open window is due, if one is open.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.opened_at.map(|t| t + self.debounce)
+    }
+
+    pub fn distinct_keys(&self) -> usize {
+        self.keys
+    }
+
+    /// Everything, for a flush; the window closes.
+    pub fn take_all(&mut self) -> Batch {
+        let all: Vec<i32> = self.partitions.keys().copied().collect();
+        self.take(&all)
+    }
+
+    /// Only these partitions (revoked in a rebalance); the rest stays.
+    pub fn take(&mut self, partitions: &[i32]) -> Batch {
+        let mut batch = Batch::default();
+        for partition in partitions {
+            let Some(p) = self.partitions.remove(partition) else {
+                continue;
+            };
+            self.keys -= p.max_seq.len();
+            batch.watermarks.extend(p.max_seq);
+            if let Some(offset) = p.next_offset {
+                batch.offsets.push((*partition, offset));
+            }
+        }
+        batch.watermarks.sort_unstable();
+        batch.offsets.sort_unstable();
+        if self.partitions.is_empty() {
+            batch.receipts = std::mem::take(&mut self.receipts);
+            self.opened_at = None;
+        } else {
+            // Attribute the count to this batch; the rest of the window keeps its start.
+            batch.receipts = self.receipts;
+            self.receipts = 0;
+        }
+        batch
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_window_is_due_one_debounce_after_its_first_receipt() {
+        let mut w = Window::new(Duration::from_secs(1), 1000);
+        assert!(!w.due(Instant::now()), "an empty window is never due");
+        w.add(0, 10, (7, 20), 5, Instant::now());
+        tokio::time::advance(Duration::from_millis(600)).await;
+        w.add(0, 11, (7, 20), 9, Instant::now()); // later receipts do not extend the window
+        tokio::time::advance(Duration::from_millis(399)).await;
+        assert!(!w.due(Instant::now()));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(w.due(Instant::now()));
+
+        let batch = w.take_all();
+        assert_eq!(batch.watermarks, vec![((7, 20), 9)]);
+        assert_eq!(batch.offsets, vec![(0, 12)]);
+        assert_eq!(batch.receipts, 2);
+        assert!(!w.due(Instant::now()), "taking closes the window");
+        assert_eq!(w.deadline(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_highest_seq_per_member_wins_whatever_the_order() {
+        let mut w = Window::new(Duration::from_secs(1), 1000);
+        let now = Instant::now();
+        for (i, seq) in [50, 45, 3, 50, 49].into_iter().enumerate() {
+            w.add(1, i as i64, (7, 20), seq, now);
+        }
+        w.add(1, 5, (7, 30), 2, now);
+        w.add(2, 0, (8, 20), 4, now);
+        let batch = w.take_all();
+        assert_eq!(
+            batch.watermarks,
+            vec![((7, 20), 50), ((7, 30), 2), ((8, 20), 4)]
+        );
+        assert_eq!(batch.offsets, vec![(1, 6), (2, 1)]);
+        assert_eq!(batch.receipts, 7);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_batch_is_due_before_the_window_closes() {
+        let mut w = Window::new(Duration::from_secs(1), 3);
+        let now = Instant::now();
+        w.add(0, 0, (1, 1), 1, now);
+        w.add(0, 1, (1, 1), 2, now);
+        w.add(0, 2, (1, 2), 1, now);
+        assert!(!w.due(now), "two distinct keys");
+        w.add(0, 3, (1, 3), 1, now);
+        assert!(w.due(now), "three distinct keys fill the batch");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn revoked_partitions_are_taken_alone() {
+        let mut w = Window::new(Duration::from_secs(1), 100);
+        let now = Instant::now();
+        w.add(0, 0, (1, 1), 5, now);
+        w.add(1, 0, (2, 1), 6, now);
+        w.skip(1, 1, now);
+        let revoked = w.take(&[1]);
+        assert_eq!(revoked.watermarks, vec![((2, 1), 6)]);
+        assert_eq!(
+            revoked.offsets,
+            vec![(1, 2)],
+            "the skipped record's offset is committed too"
+        );
+        assert_eq!(w.distinct_keys(), 1);
+        assert!(w.deadline().is_some(), "partition 0's window stays open");
+        assert_eq!(w.take_all().watermarks, vec![((1, 1), 5)]);
+    }
+}
