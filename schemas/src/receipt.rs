@@ -68,6 +68,16 @@ impl ReceiptCodec {
 }
 
 impl ReadReceipt {
+    /// Decodes a framed value whose writer schema the caller already holds (looked up by
+    /// [`crate::avro::split_frame`]'s id): no await, for hot consumer loops.
+    pub fn decode_with(writer: &Schema, bytes: &[u8]) -> Result<Self, CodecError> {
+        let (_, body) = split_frame(bytes)?;
+        let value = apache_avro::reader::datum::GenericDatumReader::builder(writer)
+            .build()?
+            .read_value(&mut &body[..])?;
+        Self::from_value(value)
+    }
+
     /// From a decoded record of any schema version, by field name.
     pub fn from_value(value: Value) -> Result<Self, CodecError> {
         let Value::Record(fields) = value else {

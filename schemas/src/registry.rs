@@ -197,6 +197,11 @@ impl EventDecoder {
         Ok(crate::receipt::ReadReceipt::from_value(value)?)
     }
 
+    /// The writer schema registered under `id` (fetched once, then cached).
+    pub async fn writer_schema(&self, id: u32) -> Result<apache_avro::Schema, DecodeError> {
+        Ok(self.writers.get_schema(id).await?.parsed.clone())
+    }
+
     /// The record in the writer's schema, fetched by the id in the frame (cached).
     async fn value(&self, bytes: &[u8]) -> Result<apache_avro::types::Value, DecodeError> {
         let (id, body) = split_frame(bytes)?;

@@ -253,3 +253,164 @@ async fn dlq_records(topic: &str, n: usize) -> Vec<(String, Vec<u8>, Vec<(String
     }
     out
 }
+
+/// `pipeline receipts` as a process of its own, configured for this namespace.
+fn processor_process(p: &Pipeline, extra: &[(&str, &str)]) -> tokio::process::Child {
+    let bin = std::env::var("CHATPIPE_PIPELINE_BIN").unwrap_or_else(|_| {
+        panic!("CHATPIPE_PIPELINE_BIN is not set: run the suite with scripts/test, which builds `pipeline`")
+    });
+    let s = p.receipts_settings();
+    let mut cmd = tokio::process::Command::new(bin);
+    cmd.arg("receipts")
+        .env("KAFKA_BROKERS", &s.kafka.brokers)
+        .env("SCHEMA_REGISTRY_URL", &s.registry.url)
+        .env("DATABASE_URL", &s.database.url)
+        .env(
+            "CHATPIPE_REGISTRY__EVENTS_SUBJECT",
+            &s.registry.events_subject,
+        )
+        .env("CHATPIPE_RECEIPTS__TOPIC", &s.receipts.topic)
+        .env("CHATPIPE_RECEIPTS__GROUP", &s.receipts.group)
+        .env("CHATPIPE_HTTP__METRICS_ADDR", "127.0.0.1:0")
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true);
+    for (k, v) in extra {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("pipeline receipts starts")
+}
+
+async fn read_updated_rows(app: &TestApp, user: i64) -> Vec<i64> {
+    let payloads: Vec<Vec<u8>> = sqlx::query_scalar(
+        "SELECT payload FROM outbox WHERE type = 'read.updated' ORDER BY created_at, ctid",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    payloads
+        .iter()
+        .filter_map(|b| match app.codec.decode(b).unwrap() {
+            ChatEvent::ReadUpdated(e) if e.user_id == user => Some(e.last_read_seq),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Killed between the database COMMIT and the offset commit, the processor reads the same
+/// receipts again after a restart: the monotone UPDATE moves nothing and emits nothing.
+#[tokio::test]
+async fn sigkill_after_the_db_commit_and_before_the_offset_commit_changes_nothing_on_replay() {
+    let p = spawn_pipeline_with(ReadMode::Stream).await;
+    let conv = group_with_messages(&p, 10).await;
+    p.app
+        .user(20)
+        .post(&format!("/conversations/{conv}/read"), json!({"seq": 7}))
+        .await
+        .expect(202);
+    let keep_rows = ("CHATPIPE_OUTBOX__DELETE_AFTER_WRITE", "false");
+
+    let mut doomed = processor_process(
+        &p,
+        &[keep_rows, ("CHATPIPE_FAULT__KILL_AFTER_DB_COMMIT", "true")],
+    );
+    let status = tokio::time::timeout(Duration::from_secs(60), doomed.wait())
+        .await
+        .expect("it dies")
+        .unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(9), "killed by SIGKILL: {status:?}");
+    assert_eq!(
+        watermark(&p.app, conv, 20).await,
+        7,
+        "the flush was committed"
+    );
+    assert_eq!(read_updated_rows(&p.app, 20).await, vec![7]);
+    let group = p.receipts_settings().receipts.group;
+    assert!(
+        !chatpipe_tests::stream::is_consumed(&group, &p.receipts_topic).await,
+        "died before committing the offsets"
+    );
+
+    let mut restarted = processor_process(&p, &[keep_rows]);
+    wait_until_consumed(&group, &p.receipts_topic, Duration::from_secs(60)).await;
+    assert_eq!(watermark(&p.app, conv, 20).await, 7);
+    assert_eq!(
+        read_updated_rows(&p.app, 20).await,
+        vec![7],
+        "no second read.updated for the same advance"
+    );
+    restarted.kill().await.unwrap();
+    p.cleanup().await;
+}
+
+/// Two processors in one group; one leaves mid-stream (flushing what it holds). Every
+/// member ends at the highest seq it sent, and no watermark ever went backwards.
+#[tokio::test]
+async fn two_processors_one_stopped_lose_nothing_and_regress_nothing() {
+    let p = spawn_pipeline_with(ReadMode::Stream).await;
+    let mut conversations = Vec::new();
+    for i in 0..12 {
+        let conv = p.app.user(100 + i).create_group(&[1, 2]).await;
+        for _ in 0..30 {
+            p.app.user(100 + i).send_message(conv, "x").await;
+        }
+        conversations.push(conv);
+    }
+    let mut settings = p.receipts_settings();
+    settings.outbox.delete_after_write = false;
+    let mut a = Some(p.start_receipts(settings.clone()));
+    let b = p.start_receipts(settings.clone());
+    let receipts = Receipts::new(&p).await;
+    let mut highest = std::collections::HashMap::new();
+    for round in 0..60i64 {
+        for &conv in &conversations {
+            for user in [1, 2] {
+                // Mostly forwards, sometimes a stale device going backwards.
+                let seq = if round % 7 == 3 {
+                    1 + round / 4
+                } else {
+                    1 + round / 2
+                };
+                receipts.send(conv, user, seq).await;
+                let h = highest.entry((conv, user)).or_insert(0);
+                *h = (*h).max(seq.min(30));
+            }
+        }
+        if round == 25 {
+            let leaving = a.take().expect("running");
+            leaving.stop().expect("the first processor leaves cleanly");
+        }
+    }
+    wait_until_consumed(
+        &settings.receipts.group,
+        &p.receipts_topic,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(b.is_running());
+    for (&(conv, user), &seq) in &highest {
+        assert_eq!(
+            watermark(&p.app, conv, user).await,
+            seq,
+            "conversation {conv}, user {user}"
+        );
+    }
+    // Each member's read.updated events only ever go up.
+    let payloads: Vec<Vec<u8>> = sqlx::query_scalar(
+        "SELECT payload FROM outbox WHERE type = 'read.updated' ORDER BY created_at, ctid",
+    )
+    .fetch_all(&p.app.pool)
+    .await
+    .unwrap();
+    let mut last = std::collections::HashMap::new();
+    for bytes in payloads {
+        if let ChatEvent::ReadUpdated(e) = p.app.codec.decode(&bytes).unwrap() {
+            let prev = last
+                .insert((e.conversation_id, e.user_id), e.last_read_seq)
+                .unwrap_or(0);
+            assert!(e.last_read_seq > prev, "{e:?} after {prev}");
+        }
+    }
+    b.stop().unwrap();
+    p.cleanup().await;
+}

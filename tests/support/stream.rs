@@ -518,8 +518,9 @@ pub async fn produce_raw(topic: &str, key: &str, payload: &[u8]) {
         .unwrap_or_else(|(e, _)| panic!("producing to {topic}: {e}"));
 }
 
-/// Waits until `group` has committed offsets up to the end of every partition of `topic`.
-pub async fn wait_until_consumed(group: &str, topic: &str, deadline: Duration) {
+/// Partitions of `topic` where `group`'s committed offset is behind the end: (partition,
+/// committed, end).
+pub fn behind(group: &str, topic: &str) -> Vec<(i32, i64, i64)> {
     let consumer: rdkafka::consumer::BaseConsumer =
         chatpipe_core::kafka::consumer_config(&brokers(), group)
             .create()
@@ -528,28 +529,45 @@ pub async fn wait_until_consumed(group: &str, topic: &str, deadline: Duration) {
         .fetch_metadata(Some(topic), Duration::from_secs(10))
         .expect("metadata");
     let partitions = metadata.topics()[0].partitions().len() as i32;
+    let mut wanted = rdkafka::TopicPartitionList::new();
+    for p in 0..partitions {
+        wanted.add_partition(topic, p);
+    }
+    let committed = consumer
+        .committed_offsets(wanted, Duration::from_secs(5))
+        .expect("committed offsets");
+    let mut behind = Vec::new();
+    for p in 0..partitions {
+        let (_, high) = consumer
+            .fetch_watermarks(topic, p, Duration::from_secs(5))
+            .expect("watermarks");
+        let at = match committed.find_partition(topic, p).map(|e| e.offset()) {
+            Some(rdkafka::Offset::Offset(o)) => o,
+            _ => 0,
+        };
+        if at < high {
+            behind.push((p, at, high));
+        }
+    }
+    behind
+}
+
+/// Whether `group` has committed every record of `topic`.
+pub async fn is_consumed(group: &str, topic: &str) -> bool {
+    let (group, topic) = (group.to_owned(), topic.to_owned());
+    tokio::task::spawn_blocking(move || behind(&group, &topic).is_empty())
+        .await
+        .unwrap()
+}
+
+/// Waits until `group` has committed offsets up to the end of every partition of `topic`.
+pub async fn wait_until_consumed(group: &str, topic: &str, deadline: Duration) {
     let until = Instant::now() + deadline;
     loop {
-        let mut wanted = rdkafka::TopicPartitionList::new();
-        for p in 0..partitions {
-            wanted.add_partition(topic, p);
-        }
-        let committed = consumer
-            .committed_offsets(wanted, Duration::from_secs(5))
-            .expect("committed offsets");
-        let mut behind = Vec::new();
-        for p in 0..partitions {
-            let (_, high) = consumer
-                .fetch_watermarks(topic, p, Duration::from_secs(5))
-                .expect("watermarks");
-            let at = match committed.find_partition(topic, p).map(|e| e.offset()) {
-                Some(rdkafka::Offset::Offset(o)) => o,
-                _ => 0,
-            };
-            if at < high {
-                behind.push((p, at, high));
-            }
-        }
+        let (g, t) = (group.to_owned(), topic.to_owned());
+        let behind = tokio::task::spawn_blocking(move || behind(&g, &t))
+            .await
+            .unwrap();
         if behind.is_empty() {
             return;
         }

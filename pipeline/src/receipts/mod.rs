@@ -15,6 +15,8 @@ use std::time::{Duration, Instant as StdInstant};
 
 use anyhow::Context;
 use chatpipe_core::outbox::Outbox;
+use chatpipe_schemas::avro::split_frame;
+use chatpipe_schemas::receipt::ReadReceipt;
 use chatpipe_schemas::registry::{EventDecoder, Registry};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::message::{BorrowedMessage, Header, Message, OwnedHeaders};
@@ -73,12 +75,6 @@ impl Flusher {
         let mut offsets = TopicPartitionList::new();
         for (partition, offset) in &batch.offsets {
             offsets.add_partition_offset(&self.topic, *partition, Offset::Offset(*offset))?;
-            if let Ok((_, high)) =
-                consumer.fetch_watermarks(&self.topic, *partition, Duration::from_secs(1))
-            {
-                metrics::gauge!("receipts_consumer_lag", "partition" => partition.to_string())
-                    .set((high - offset).max(0) as f64);
-            }
         }
         consumer
             .commit(&offsets, CommitMode::Sync)
@@ -97,7 +93,20 @@ struct ReceiptsContext {
     flusher: Arc<Flusher>,
 }
 
-impl ClientContext for ReceiptsContext {}
+impl ClientContext for ReceiptsContext {
+    /// Consumer lag per partition, from librdkafka's statistics (no broker round trip:
+    /// a watermark query would queue behind the long-poll fetch and stall the loop).
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        if let Some(topic) = statistics.topics.get(&self.flusher.topic) {
+            for (partition, p) in &topic.partitions {
+                if *partition >= 0 && p.consumer_lag >= 0 {
+                    metrics::gauge!("receipts_consumer_lag", "partition" => partition.to_string())
+                        .set(p.consumer_lag as f64);
+                }
+            }
+        }
+    }
+}
 
 impl ConsumerContext for ReceiptsContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -187,6 +196,7 @@ fn run_one(settings: &Settings, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     });
     let consumer: BaseConsumer<ReceiptsContext> =
         chatpipe_core::kafka::consumer_config(&settings.kafka.brokers, &cfg.group)
+            .set("statistics.interval.ms", "5000")
             .set("max.poll.interval.ms", "60000")
             .create_with_context(ReceiptsContext {
                 flusher: flusher.clone(),
@@ -200,9 +210,18 @@ fn run_one(settings: &Settings, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     tracing::info!(topic = %cfg.topic, group = %cfg.group, "receipts aggregator running");
 
     let poll = Duration::from_millis(cfg.max_poll_ms);
+    let mut schemas = WriterSchemas::default();
     while !stop.load(Ordering::Relaxed) {
         match consumer.poll(poll) {
-            Some(Ok(message)) => take_in(&message, &decoder, &rt, &flusher, &dlq, &dlq_topic)?,
+            Some(Ok(message)) => take_in(
+                &message,
+                &mut schemas,
+                &decoder,
+                &rt,
+                &flusher,
+                &dlq,
+                &dlq_topic,
+            )?,
             // Consumer errors (a broker restarting, a partition moving) are transient: the
             // client retries by itself; we report and keep polling.
             Some(Err(err)) => {
@@ -228,9 +247,35 @@ fn run_one(settings: &Settings, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Writer schemas by id, held by one consumer thread: decoding stays synchronous, the
+/// registry is asked once per schema version.
+#[derive(Default)]
+struct WriterSchemas(std::collections::HashMap<u32, apache_avro::Schema>);
+
+impl WriterSchemas {
+    fn decode(
+        &mut self,
+        bytes: &[u8],
+        decoder: &EventDecoder,
+        rt: &tokio::runtime::Runtime,
+    ) -> Result<ReadReceipt, String> {
+        let (id, _) = split_frame(bytes).map_err(|e| e.to_string())?;
+        let schema = match self.0.entry(id) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(
+                rt.block_on(decoder.writer_schema(id))
+                    .map_err(|e| e.to_string())?,
+            ),
+        };
+        ReadReceipt::decode_with(schema, bytes).map_err(|e| e.to_string())
+    }
+}
+
 /// One record into the window, or into the dead-letter topic.
+#[allow(clippy::too_many_arguments)]
 fn take_in(
     message: &BorrowedMessage<'_>,
+    schemas: &mut WriterSchemas,
     decoder: &EventDecoder,
     rt: &tokio::runtime::Runtime,
     flusher: &Flusher,
@@ -238,11 +283,8 @@ fn take_in(
     dlq_topic: &str,
 ) -> anyhow::Result<()> {
     let (partition, offset) = (message.partition(), message.offset());
-    tracing::trace!(partition, offset, "receipt record");
     let decoded = match message.payload() {
-        Some(bytes) => rt
-            .block_on(decoder.decode_receipt(bytes))
-            .map_err(|e| e.to_string()),
+        Some(bytes) => schemas.decode(bytes, decoder, rt),
         None => Err("record without a value".to_owned()),
     };
     let now = Instant::now();
