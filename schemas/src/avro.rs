@@ -29,12 +29,59 @@ impl From<apache_avro::Error> for CodecError {
     }
 }
 
-/// Encodes `ChatEvent`s with the schema registered under one id.
+/// One schema under one registered id: Avro values in and out of the Confluent frame.
 #[derive(Debug, Clone)]
-pub struct EventCodec {
+pub struct Framed {
     schema: Schema,
     schema_id: u32,
 }
+
+impl Framed {
+    pub fn new(schema_json: &str, schema_id: u32) -> Self {
+        let schema =
+            Schema::parse_str(schema_json).expect("the schemas in schemas/ are valid Avro");
+        Self { schema, schema_id }
+    }
+
+    pub fn schema_id(&self) -> u32 {
+        self.schema_id
+    }
+
+    pub fn schema(&self) -> &Schema {
+        &self.schema
+    }
+
+    /// Panics if `value` does not match the schema: values are built by this crate's
+    /// own mappings, which the tests cover.
+    pub fn encode(&self, value: Value) -> Vec<u8> {
+        let datum = apache_avro::writer::datum::GenericDatumWriter::builder(&self.schema)
+            .build()
+            .and_then(|writer| writer.write_value_to_vec(value))
+            .expect("a value built by chatpipe-schemas matches its schema");
+        get_payload(self.schema_id, datum)
+    }
+
+    /// The value of bytes written under this id. Bytes of other writers (another
+    /// schema version) need the registry: [`crate::registry::EventDecoder`].
+    pub fn decode(&self, bytes: &[u8]) -> Result<Value, CodecError> {
+        let (id, body) = split_frame(bytes)?;
+        if id != self.schema_id {
+            return Err(CodecError::UnknownSchemaId {
+                found: id,
+                expected: self.schema_id,
+            });
+        }
+        Ok(
+            apache_avro::reader::datum::GenericDatumReader::builder(&self.schema)
+                .build()?
+                .read_value(&mut &body[..])?,
+        )
+    }
+}
+
+/// Encodes `ChatEvent`s with the schema registered under one id.
+#[derive(Debug, Clone)]
+pub struct EventCodec(Framed);
 
 /// Payload branch order in the union of `chat_event.avsc`.
 const MESSAGE_NEW: u32 = 0;
@@ -45,43 +92,25 @@ const MEMBER_LEFT: u32 = 4;
 
 impl EventCodec {
     pub fn new(schema_id: u32) -> Self {
-        let schema = Schema::parse_str(crate::contract::CHAT_EVENTS.schema)
-            .expect("chat_event.avsc is valid Avro");
-        Self { schema, schema_id }
+        Self(Framed::new(crate::contract::CHAT_EVENTS.schema, schema_id))
     }
 
     pub fn schema_id(&self) -> u32 {
-        self.schema_id
+        self.0.schema_id()
     }
 
     /// The framed bytes of one event, as the outbox stores them and the topic carries them.
     pub fn encode(&self, event: &ChatEvent) -> Vec<u8> {
-        let datum = apache_avro::writer::datum::GenericDatumWriter::builder(&self.schema)
-            .build()
-            .and_then(|writer| writer.write_value_to_vec(to_value(event)))
-            .expect("a ChatEvent always matches chat_event.avsc (covered by tests)");
-        get_payload(self.schema_id, datum)
+        self.0.encode(to_value(event))
     }
 
-    /// Decodes bytes written with this codec's schema id. For bytes from other writers
-    /// (another schema version), resolve the writer schema through the registry:
-    /// [`crate::registry::EventDecoder`].
+    /// Decodes bytes written with this codec's schema id.
     pub fn decode(&self, bytes: &[u8]) -> Result<ChatEvent, CodecError> {
-        let (id, body) = split_frame(bytes)?;
-        if id != self.schema_id {
-            return Err(CodecError::UnknownSchemaId {
-                found: id,
-                expected: self.schema_id,
-            });
-        }
-        let value = apache_avro::reader::datum::GenericDatumReader::builder(&self.schema)
-            .build()?
-            .read_value(&mut &body[..])?;
-        from_value(value)
+        from_value(self.0.decode(bytes)?)
     }
 
     pub fn schema(&self) -> &Schema {
-        &self.schema
+        self.0.schema()
     }
 }
 

@@ -3,10 +3,9 @@
 use apache_avro::types::Value;
 use apache_avro::Schema;
 use chrono::{DateTime, Utc};
-use schema_registry_converter::schema_registry_common::get_payload;
 use serde::{Deserialize, Serialize};
 
-use crate::avro::{split_frame, CodecError};
+use crate::avro::{split_frame, CodecError, Framed};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -19,20 +18,18 @@ pub struct ReadReceipt {
 
 /// Encodes receipts with the schema registered under one id.
 #[derive(Debug, Clone)]
-pub struct ReceiptCodec {
-    schema: Schema,
-    schema_id: u32,
-}
+pub struct ReceiptCodec(Framed);
 
 impl ReceiptCodec {
     pub fn new(schema_id: u32) -> Self {
-        let schema = Schema::parse_str(crate::contract::READ_RECEIPTS.schema)
-            .expect("read_receipt.avsc is valid Avro");
-        Self { schema, schema_id }
+        Self(Framed::new(
+            crate::contract::READ_RECEIPTS.schema,
+            schema_id,
+        ))
     }
 
     pub fn encode(&self, receipt: &ReadReceipt) -> Vec<u8> {
-        let value = Value::Record(vec![
+        self.0.encode(Value::Record(vec![
             (
                 "conversationId".into(),
                 Value::Long(receipt.conversation_id),
@@ -43,27 +40,12 @@ impl ReceiptCodec {
                 "at".into(),
                 Value::TimestampMicros(receipt.at.timestamp_micros()),
             ),
-        ]);
-        let datum = apache_avro::writer::datum::GenericDatumWriter::builder(&self.schema)
-            .build()
-            .and_then(|w| w.write_value_to_vec(value))
-            .expect("a ReadReceipt always matches read_receipt.avsc");
-        get_payload(self.schema_id, datum)
+        ]))
     }
 
     /// Decodes bytes written with this codec's schema id.
     pub fn decode(&self, bytes: &[u8]) -> Result<ReadReceipt, CodecError> {
-        let (id, body) = split_frame(bytes)?;
-        if id != self.schema_id {
-            return Err(CodecError::UnknownSchemaId {
-                found: id,
-                expected: self.schema_id,
-            });
-        }
-        let value = apache_avro::reader::datum::GenericDatumReader::builder(&self.schema)
-            .build()?
-            .read_value(&mut &body[..])?;
-        ReadReceipt::from_value(value)
+        ReadReceipt::from_value(self.0.decode(bytes)?)
     }
 }
 

@@ -175,16 +175,7 @@ pub async fn history(
     page: Page,
     limit: i64,
 ) -> Result<HistoryPage, ApiError> {
-    let last_seq: i64 = sqlx::query_scalar(
-        "SELECT c.last_seq FROM conversation c
-           JOIN conversation_member m ON m.conversation_id = c.id AND m.user_id = $2
-          WHERE c.id = $1",
-    )
-    .bind(conversation.get())
-    .bind(reader.get())
-    .fetch_optional(&db.pool)
-    .await?
-    .ok_or_else(ApiError::conversation_not_found)?;
+    let last_seq = super::as_member(db, conversation, reader).await?.last_seq;
 
     // One more row than asked tells whether more exist. Both walk the primary key.
     let (sql, bound) = match page {

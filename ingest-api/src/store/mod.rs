@@ -17,3 +17,37 @@ pub struct Store {
 }
 
 pub use chatpipe_core::outbox::now;
+
+use chatpipe_core::{ConversationId, UserId};
+
+use crate::error::ApiError;
+
+/// A conversation as one of its members sees it: what every conversation-scoped read
+/// checks first.
+#[derive(Debug, sqlx::FromRow)]
+pub struct MemberView {
+    #[sqlx(rename = "type")]
+    pub kind: String,
+    pub member_count: i32,
+    pub last_seq: i64,
+    pub last_read_seq: i64,
+}
+
+/// The conversation seen by `user`, or 404 when it does not exist or `user` is not a
+/// member (the same answer, so a stranger learns nothing).
+pub async fn as_member(
+    db: &Store,
+    conversation: ConversationId,
+    user: UserId,
+) -> Result<MemberView, ApiError> {
+    sqlx::query_as(
+        "SELECT c.type, c.member_count, c.last_seq, m.last_read_seq FROM conversation c
+           JOIN conversation_member m ON m.conversation_id = c.id AND m.user_id = $2
+          WHERE c.id = $1",
+    )
+    .bind(conversation.get())
+    .bind(user.get())
+    .fetch_optional(&db.pool)
+    .await?
+    .ok_or_else(ApiError::conversation_not_found)
+}

@@ -82,16 +82,8 @@ pub async fn read_position(
     conversation: ConversationId,
     reader: UserId,
 ) -> Result<ReadPosition, ApiError> {
-    let (last_seq, last_read_seq): (i64, i64) = sqlx::query_as(
-        "SELECT c.last_seq, m.last_read_seq FROM conversation c
-           JOIN conversation_member m ON m.conversation_id = c.id AND m.user_id = $2
-          WHERE c.id = $1",
-    )
-    .bind(conversation.get())
-    .bind(reader.get())
-    .fetch_optional(&db.pool)
-    .await?
-    .ok_or_else(ApiError::conversation_not_found)?;
+    let view = super::as_member(db, conversation, reader).await?;
+    let (last_seq, last_read_seq) = (view.last_seq, view.last_read_seq);
     Ok(ReadPosition {
         last_seq,
         last_read_seq,
@@ -127,16 +119,9 @@ pub async fn receipts(
     caller: UserId,
     seq: Seq,
 ) -> Result<Receipts, ApiError> {
-    let (kind, member_count): (String, i32) = sqlx::query_as(
-        "SELECT c.type, c.member_count FROM conversation c
-           JOIN conversation_member m ON m.conversation_id = c.id AND m.user_id = $2
-          WHERE c.id = $1",
-    )
-    .bind(conversation.get())
-    .bind(caller.get())
-    .fetch_optional(&db.pool)
-    .await?
-    .ok_or_else(ApiError::conversation_not_found)?;
+    let super::MemberView {
+        kind, member_count, ..
+    } = super::as_member(db, conversation, caller).await?;
 
     let read_by: i64 = sqlx::query_scalar(
         "SELECT (SELECT count(*) FROM conversation_member r
