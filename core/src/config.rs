@@ -7,6 +7,7 @@ use std::path::Path;
 use figment::providers::{Env, Format, Toml};
 use figment::Figment;
 use serde::de::DeserializeOwned;
+use serde::Deserialize;
 
 /// Loads a service's config.
 ///
@@ -43,4 +44,23 @@ pub fn load<T: DeserializeOwned>(
         }
     }
     figment.extract().map_err(Box::new)
+}
+
+/// `[registry]`: the schema registry every service registers its schemas with.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegistrySettings {
+    /// The Confluent-compatible API (Apicurio: `.../apis/ccompat/v7`).
+    pub url: String,
+    pub timeout_ms: u64,
+    /// The subject of the chat.events value schema (TopicNameStrategy: `<topic>-value`).
+    pub events_subject: String,
+}
+
+/// `[outbox]`: how a service writes its events.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutboxSettings {
+    /// Delete each row in the transaction that wrote it (the WAL keeps the insert).
+    pub delete_after_write: bool,
 }

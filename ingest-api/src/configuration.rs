@@ -7,6 +7,7 @@ use std::path::Path;
 use figment::providers::Format;
 use std::time::Duration;
 
+use chatpipe_core::config::{OutboxSettings, RegistrySettings};
 use secrecy::SecretString;
 use serde::Deserialize;
 
@@ -54,20 +55,6 @@ pub struct KafkaSettings {
     pub receipts_topic: String,
     pub produce_timeout_ms: u64,
     pub queue_max_messages: u32,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RegistrySettings {
-    pub url: String,
-    pub timeout_ms: u64,
-    pub events_subject: String,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct OutboxSettings {
-    pub delete_after_write: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]

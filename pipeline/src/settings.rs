@@ -1,5 +1,6 @@
 use std::path::Path;
 
+use chatpipe_core::config::{OutboxSettings, RegistrySettings};
 use serde::Deserialize;
 
 const DEFAULTS: &str = include_str!("../../config/pipeline.toml");
@@ -30,24 +31,10 @@ pub struct KafkaSettings {
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RegistrySettings {
-    pub url: String,
-    pub timeout_ms: u64,
-    pub events_subject: String,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct DatabaseSettings {
     pub url: String,
     pub max_connections: u32,
     pub acquire_timeout_ms: u64,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct OutboxSettings {
-    pub delete_after_write: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
