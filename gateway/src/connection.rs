@@ -1,0 +1,199 @@
+//! One WebSocket connection: frames from its session queue go out, pings keep it honest.
+//! Generic over `Sink`/`Stream` so tests drive it without a socket.
+
+use std::time::Duration;
+
+use axum::extract::ws::{CloseFrame, Message};
+use futures::{Sink, SinkExt, Stream, StreamExt};
+use tokio::time::Instant;
+
+use crate::sessions::{Outbound, Session};
+
+/// Close code 1008 (policy violation): the client did not keep up.
+pub const CLOSE_OVERFLOW: u16 = 1008;
+/// Close code 1001 (going away): no pong for two heartbeats, or the gateway stops.
+pub const CLOSE_GOING_AWAY: u16 = 1001;
+
+/// Why a connection ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ended {
+    ClientClosed,
+    Overflowed,
+    HeartbeatTimeout,
+    SendFailed,
+    Shutdown,
+}
+
+pub async fn serve<S, R, E>(
+    mut sink: S,
+    mut stream: R,
+    mut session: Session,
+    heartbeat: Duration,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Ended
+where
+    S: Sink<Message> + Unpin,
+    R: Stream<Item = Result<Message, E>> + Unpin,
+{
+    let mut ticker = tokio::time::interval_at(Instant::now() + heartbeat, heartbeat);
+    let mut last_heard = Instant::now();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            outbound = session.outbound.recv() => match outbound {
+                Some(Outbound::Frame(text)) => {
+                    if sink.send(Message::Text(text.as_ref().into())).await.is_err() {
+                        return Ended::SendFailed;
+                    }
+                }
+                Some(Outbound::Overflowed) => {
+                    close(&mut sink, CLOSE_OVERFLOW, "send queue overflow").await;
+                    return Ended::Overflowed;
+                }
+                None => return Ended::Shutdown,
+            },
+            inbound = stream.next() => match inbound {
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return Ended::ClientClosed,
+                // Pongs, pings and anything else the client says prove it is alive;
+                // clients send over REST, not here.
+                Some(Ok(_)) => last_heard = Instant::now(),
+            },
+            _ = ticker.tick() => {
+                if last_heard.elapsed() >= heartbeat * 2 {
+                    close(&mut sink, CLOSE_GOING_AWAY, "heartbeat timeout").await;
+                    return Ended::HeartbeatTimeout;
+                }
+                if sink.send(Message::Ping(Vec::new().into())).await.is_err() {
+                    return Ended::SendFailed;
+                }
+            }
+            () = &mut shutdown => {
+                close(&mut sink, CLOSE_GOING_AWAY, "gateway shutting down").await;
+                return Ended::Shutdown;
+            }
+        }
+    }
+}
+
+async fn close<S: Sink<Message> + Unpin>(sink: &mut S, code: u16, reason: &'static str) {
+    let _ = sink
+        .send(Message::Close(Some(CloseFrame {
+            code,
+            reason: reason.into(),
+        })))
+        .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::channel::mpsc;
+
+    use super::*;
+    use crate::sessions::Sessions;
+
+    type Inbound = Result<Message, std::convert::Infallible>;
+
+    fn wire() -> (
+        mpsc::UnboundedSender<Message>,
+        mpsc::UnboundedReceiver<Message>,
+    ) {
+        mpsc::unbounded()
+    }
+
+    #[tokio::test]
+    async fn queued_frames_go_out_as_text_in_order() {
+        let sessions = Sessions::new(8);
+        let session = sessions.join(10);
+        let (out_tx, mut out_rx) = wire();
+        let (in_tx, in_rx) = mpsc::unbounded::<Inbound>();
+        sessions.push(&[10], "one");
+        sessions.push(&[10], "two");
+        let conn = tokio::spawn(serve(
+            out_tx,
+            in_rx,
+            session,
+            Duration::from_secs(30),
+            std::future::pending(),
+        ));
+        assert_eq!(out_rx.next().await, Some(Message::Text("one".into())));
+        assert_eq!(out_rx.next().await, Some(Message::Text("two".into())));
+        in_tx.unbounded_send(Ok(Message::Close(None))).unwrap();
+        assert_eq!(conn.await.unwrap(), Ended::ClientClosed);
+    }
+
+    #[tokio::test]
+    async fn an_overflowing_client_is_closed_with_a_reason() {
+        let sessions = Sessions::new(2);
+        let session = sessions.join(10);
+        for i in 0..10 {
+            sessions.push(&[10], &i.to_string());
+        }
+        let (out_tx, out_rx) = wire();
+        let (_in_tx, in_rx) = mpsc::unbounded::<Inbound>();
+        let ended = serve(
+            out_tx,
+            in_rx,
+            session,
+            Duration::from_secs(30),
+            std::future::pending(),
+        )
+        .await;
+        assert_eq!(ended, Ended::Overflowed);
+        let frames: Vec<Message> = out_rx.collect().await;
+        assert_eq!(frames.len(), 3, "two frames, then the close: {frames:?}");
+        match frames.last() {
+            Some(Message::Close(Some(f))) => assert_eq!(
+                (f.code, f.reason.as_str()),
+                (CLOSE_OVERFLOW, "send queue overflow")
+            ),
+            other => panic!("expected a close frame, got {other:?}"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_client_is_pinged_then_closed_after_two_heartbeats() {
+        let sessions = Sessions::new(2);
+        let session = sessions.join(10);
+        let (out_tx, mut out_rx) = wire();
+        let (_in_tx, in_rx) = mpsc::unbounded::<Inbound>();
+        let conn = tokio::spawn(serve(
+            out_tx,
+            in_rx,
+            session,
+            Duration::from_secs(15),
+            std::future::pending(),
+        ));
+        assert!(
+            matches!(out_rx.next().await, Some(Message::Ping(_))),
+            "a ping after one heartbeat"
+        );
+        assert!(
+            matches!(out_rx.next().await, Some(Message::Close(Some(f))) if f.code == CLOSE_GOING_AWAY)
+        );
+        assert_eq!(conn.await.unwrap(), Ended::HeartbeatTimeout);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_answers_stays_connected() {
+        let sessions = Sessions::new(2);
+        let session = sessions.join(10);
+        let (out_tx, mut out_rx) = wire();
+        let (in_tx, in_rx) = mpsc::unbounded::<Inbound>();
+        let conn = tokio::spawn(serve(
+            out_tx,
+            in_rx,
+            session,
+            Duration::from_secs(15),
+            std::future::pending(),
+        ));
+        for _ in 0..5 {
+            assert!(matches!(out_rx.next().await, Some(Message::Ping(_))));
+            in_tx
+                .unbounded_send(Ok(Message::Pong(Vec::new().into())))
+                .unwrap();
+        }
+        assert!(!conn.is_finished());
+        in_tx.unbounded_send(Ok(Message::Close(None))).unwrap();
+        assert_eq!(conn.await.unwrap(), Ended::ClientClosed);
+    }
+}

@@ -1,0 +1,174 @@
+//! Who is connected: user -> sessions (one per device), each with a bounded queue of
+//! frames. Pushing never waits: a full queue closes that one connection instead of
+//! slowing the pusher (and so everyone else).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::mpsc;
+
+pub type SessionId = u64;
+
+/// What a connection is told to do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outbound {
+    /// A JSON text frame.
+    Frame(Arc<str>),
+    /// Close with this reason: the queue overflowed.
+    Overflowed,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    by_user: HashMap<i64, Vec<(SessionId, mpsc::Sender<Outbound>)>>,
+}
+
+/// The registry is cheap to clone; all clones share one table.
+#[derive(Debug, Clone)]
+pub struct Sessions {
+    inner: Arc<Mutex<Inner>>,
+    next_id: Arc<AtomicU64>,
+    queue_bound: usize,
+}
+
+/// A connected session: its id, and the receiving end of its queue. Dropping the
+/// handle does not unregister; call [`Sessions::leave`].
+pub struct Session {
+    pub id: SessionId,
+    pub user: i64,
+    pub outbound: mpsc::Receiver<Outbound>,
+}
+
+impl Sessions {
+    pub fn new(queue_bound: usize) -> Self {
+        Self {
+            inner: Arc::default(),
+            next_id: Arc::default(),
+            queue_bound: queue_bound.max(1),
+        }
+    }
+
+    pub fn join(&self, user: i64) -> Session {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        // One slot more than the bound for the overflow notice itself.
+        let (tx, rx) = mpsc::channel(self.queue_bound + 1);
+        let mut inner = self.inner.lock().expect("sessions lock");
+        inner.by_user.entry(user).or_default().push((id, tx));
+        metrics::gauge!("gateway_connections").increment(1.0);
+        Session {
+            id,
+            user,
+            outbound: rx,
+        }
+    }
+
+    pub fn leave(&self, user: i64, id: SessionId) {
+        let mut inner = self.inner.lock().expect("sessions lock");
+        if let Some(list) = inner.by_user.get_mut(&user) {
+            let before = list.len();
+            list.retain(|(sid, _)| *sid != id);
+            if list.len() < before {
+                metrics::gauge!("gateway_connections").decrement(1.0);
+            }
+            if list.is_empty() {
+                inner.by_user.remove(&user);
+            }
+        }
+    }
+
+    /// Users with at least one session here.
+    pub fn online(&self) -> Vec<i64> {
+        self.inner
+            .lock()
+            .expect("sessions lock")
+            .by_user
+            .keys()
+            .copied()
+            .collect()
+    }
+
+    /// Queues `frame` for every session of every user in `users`; returns how many
+    /// sessions got it. A session whose queue is full is told to close.
+    pub fn push(&self, users: &[i64], frame: &str) -> usize {
+        let frame: Arc<str> = Arc::from(frame);
+        let inner = self.inner.lock().expect("sessions lock");
+        let mut delivered = 0;
+        for user in users {
+            for (_, tx) in inner.by_user.get(user).into_iter().flatten() {
+                if tx.capacity() <= 1 {
+                    // The last slot is reserved for the overflow notice.
+                    if tx.try_send(Outbound::Overflowed).is_ok() {
+                        metrics::counter!("gateway_queue_overflows_total").increment(1);
+                    }
+                    continue;
+                }
+                if tx.try_send(Outbound::Frame(frame.clone())).is_ok() {
+                    delivered += 1;
+                }
+            }
+        }
+        metrics::counter!("gateway_pushes_total").increment(delivered as u64);
+        delivered
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_push_reaches_every_session_of_the_user_and_nobody_else() {
+        let sessions = Sessions::new(8);
+        let mut phone = sessions.join(10);
+        let mut laptop = sessions.join(10);
+        let mut stranger = sessions.join(99);
+        assert_eq!(sessions.push(&[10], r#"{"type":"message.new"}"#), 2);
+        assert_eq!(
+            phone.outbound.recv().await,
+            Some(Outbound::Frame(Arc::from(r#"{"type":"message.new"}"#)))
+        );
+        assert!(laptop.outbound.recv().await.is_some());
+        assert!(
+            stranger.outbound.try_recv().is_err(),
+            "a non-recipient gets nothing"
+        );
+        let mut online = sessions.online();
+        online.sort();
+        assert_eq!(online, vec![10, 99]);
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_closes_that_session_only() {
+        let sessions = Sessions::new(2);
+        let mut slow = sessions.join(1);
+        let mut fast = sessions.join(2);
+        for i in 0..5 {
+            sessions.push(&[1, 2], &format!("{i}"));
+            // The fast client keeps up.
+            assert!(matches!(
+                fast.outbound.recv().await,
+                Some(Outbound::Frame(_))
+            ));
+        }
+        let mut got = Vec::new();
+        while let Ok(o) = slow.outbound.try_recv() {
+            got.push(o);
+        }
+        assert_eq!(
+            got.len(),
+            3,
+            "two frames, then the overflow notice: {got:?}"
+        );
+        assert_eq!(got.last(), Some(&Outbound::Overflowed));
+    }
+
+    #[tokio::test]
+    async fn leaving_unregisters() {
+        let sessions = Sessions::new(2);
+        let s = sessions.join(5);
+        sessions.leave(5, s.id);
+        assert!(sessions.online().is_empty());
+        assert_eq!(sessions.push(&[5], "x"), 0);
+    }
+}
