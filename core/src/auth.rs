@@ -28,6 +28,39 @@ pub enum AuthError {
 #[error("JWT secret must be at least {MIN_SECRET_BYTES} bytes")]
 pub struct WeakSecret;
 
+/// `[auth]` of every service that verifies tokens (ingest-api, gateway).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthSettings {
+    /// The HS256 secret (`JWT_SECRET`); optional so commands that verify nothing
+    /// (`ingest-api migrate`) run without it.
+    pub jwt_secret: Option<SecretString>,
+    /// Clock skew allowed when checking `exp`.
+    pub leeway_secs: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AuthSettingsError {
+    #[error("auth.jwt_secret (JWT_SECRET) is not set")]
+    MissingSecret,
+    #[error("auth.jwt_secret (JWT_SECRET): {0}")]
+    Weak(#[from] WeakSecret),
+}
+
+impl AuthSettings {
+    /// The signing keys; the error names the setting when the secret is missing or weak.
+    pub fn token_keys(&self) -> Result<TokenKeys, AuthSettingsError> {
+        let secret = self
+            .jwt_secret
+            .as_ref()
+            .ok_or(AuthSettingsError::MissingSecret)?;
+        Ok(TokenKeys::new(
+            secret,
+            Duration::from_secs(self.leeway_secs),
+        )?)
+    }
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 struct Claims {
     sub: String,

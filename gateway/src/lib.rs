@@ -15,10 +15,9 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use chatpipe_core::auth::{AuthError, TokenKeys};
+use chatpipe_core::auth::{AuthError, AuthSettings, TokenKeys};
 use chatpipe_core::problem::Problem;
 use futures::StreamExt;
-use secrecy::SecretString;
 use serde::Deserialize;
 
 pub use sessions::Sessions;
@@ -46,13 +45,6 @@ pub struct Settings {
 #[serde(deny_unknown_fields)]
 pub struct HttpSettings {
     pub addr: SocketAddr,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AuthSettings {
-    pub jwt_secret: Option<SecretString>,
-    pub leeway_secs: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]

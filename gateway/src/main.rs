@@ -18,14 +18,7 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     chatpipe_core::telemetry::init_logging();
     let settings = Settings::load(cli.config.as_deref()).context("loading configuration")?;
-    let secret = settings
-        .auth
-        .jwt_secret
-        .as_ref()
-        .context("auth.jwt_secret (JWT_SECRET) is not set")?;
-    let keys =
-        chatpipe_core::auth::TokenKeys::new(secret, Duration::from_secs(settings.auth.leeway_secs))
-            .context("auth.jwt_secret (JWT_SECRET)")?;
+    let keys = settings.auth.token_keys()?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let gateway = Gateway {
         keys,

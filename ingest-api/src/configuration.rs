@@ -7,6 +7,7 @@ use std::path::Path;
 use figment::providers::Format;
 use std::time::Duration;
 
+use chatpipe_core::auth::AuthSettings;
 use chatpipe_core::config::{OutboxSettings, RegistrySettings};
 use secrecy::SecretString;
 use serde::Deserialize;
@@ -77,14 +78,6 @@ pub struct DatabaseSettings {
     pub migrate_on_start: bool,
 }
 
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AuthSettings {
-    /// Required to serve and to issue tokens; `migrate` runs without it.
-    pub jwt_secret: Option<SecretString>,
-    pub leeway_secs: u64,
-}
-
 /// Request-level limits every handler validates against.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -109,19 +102,6 @@ impl Settings {
             .merge(("auth.jwt_secret", secret))
             .extract()
             .expect("the compiled-in defaults file is valid")
-    }
-}
-
-impl AuthSettings {
-    /// The signing keys; an error names the setting when the secret is missing or weak.
-    pub fn token_keys(&self) -> anyhow::Result<chatpipe_core::auth::TokenKeys> {
-        use anyhow::Context;
-        let secret = self
-            .jwt_secret
-            .as_ref()
-            .context("auth.jwt_secret (JWT_SECRET) is not set")?;
-        chatpipe_core::auth::TokenKeys::new(secret, Duration::from_secs(self.leeway_secs))
-            .context("auth.jwt_secret (JWT_SECRET)")
     }
 }
 
