@@ -54,7 +54,12 @@ pub struct RegistrySettings {
     pub url: String,
     pub timeout_ms: u64,
     /// The subject of the chat.events value schema (TopicNameStrategy: `<topic>-value`).
+    #[serde(default = "default_events_subject")]
     pub events_subject: String,
+}
+
+fn default_events_subject() -> String {
+    "chat.events-value".into()
 }
 
 /// `[outbox]`: how a service writes its events.

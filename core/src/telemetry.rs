@@ -2,8 +2,8 @@
 
 use std::sync::OnceLock;
 
-use metrics_exporter_prometheus::PrometheusBuilder;
 pub use metrics_exporter_prometheus::PrometheusHandle;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use tracing_subscriber::EnvFilter;
 
 /// Logs to stderr; `RUST_LOG` filters (default `info`), `LOG_FORMAT=json` for machines.
@@ -26,6 +26,11 @@ const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
+/// Buckets for size histograms (names ending in `_size` or `_keys`): 1 to 10,000.
+const SIZE_BUCKETS: &[f64] = &[
+    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0,
+];
+
 /// Installs the process-wide Prometheus recorder once and returns its handle.
 pub fn metrics_handle() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -33,6 +38,12 @@ pub fn metrics_handle() -> PrometheusHandle {
         .get_or_init(|| {
             let recorder = PrometheusBuilder::new()
                 .set_buckets(LATENCY_BUCKETS)
+                .and_then(|b| {
+                    b.set_buckets_for_metric(Matcher::Suffix("_size".into()), SIZE_BUCKETS)
+                })
+                .and_then(|b| {
+                    b.set_buckets_for_metric(Matcher::Suffix("_keys".into()), SIZE_BUCKETS)
+                })
                 .expect("static buckets are valid")
                 .build_recorder();
             let handle = recorder.handle();

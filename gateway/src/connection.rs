@@ -20,6 +20,9 @@ pub enum Ended {
     ClientClosed,
     Overflowed,
     HeartbeatTimeout,
+    /// A frame could not be written for two heartbeats: the client stopped reading and
+    /// the socket buffers are full; no close frame could get through either.
+    WriteTimeout,
     SendFailed,
     Shutdown,
 }
@@ -41,9 +44,9 @@ where
     loop {
         tokio::select! {
             outbound = session.outbound.recv() => match outbound {
-                Some(Outbound::Frame(text)) => {
-                    if sink.send(Message::Text(text.as_ref().into())).await.is_err() {
-                        return Ended::SendFailed;
+                Some(Outbound::Frame(text, committed_at)) => {
+                    if let Err(ended) = write(&mut sink, &text, committed_at, heartbeat * 2).await {
+                        return ended;
                     }
                 }
                 Some(Outbound::Overflowed) => {
@@ -68,11 +71,40 @@ where
                 }
             }
             () = &mut shutdown => {
+                // Drain: what was queued before the stop still goes out.
+                while let Ok(Outbound::Frame(text, committed_at)) = session.outbound.try_recv() {
+                    if write(&mut sink, &text, committed_at, heartbeat).await.is_err() {
+                        return Ended::Shutdown;
+                    }
+                }
                 close(&mut sink, CLOSE_GOING_AWAY, "gateway shutting down").await;
                 return Ended::Shutdown;
             }
         }
     }
+}
+
+/// Writes one frame, giving up after `timeout`; records the push latency (commit to
+/// frame written) if the frame carries its commit time.
+async fn write<S: Sink<Message> + Unpin>(
+    sink: &mut S,
+    text: &str,
+    committed_at: Option<i64>,
+    timeout: Duration,
+) -> Result<(), Ended> {
+    match tokio::time::timeout(timeout, sink.send(Message::Text(text.into()))).await {
+        Err(_) => {
+            metrics::counter!("gateway_write_timeouts_total").increment(1);
+            return Err(Ended::WriteTimeout);
+        }
+        Ok(Err(_)) => return Err(Ended::SendFailed),
+        Ok(Ok(())) => {}
+    }
+    if let Some(at) = committed_at {
+        let micros = chrono::Utc::now().timestamp_micros() - at;
+        metrics::histogram!("gateway_push_latency_seconds").record(micros.max(0) as f64 / 1e6);
+    }
+    Ok(())
 }
 
 async fn close<S: Sink<Message> + Unpin>(sink: &mut S, code: u16, reason: &'static str) {

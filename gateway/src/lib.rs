@@ -1,14 +1,18 @@
 //! The WebSocket gateway. Clients connect to `GET /ws` with the same JWT as the REST
-//! API; the gateway keeps a session per connection (several per user) and pushes frames
-//! queued for them. Fanout (issue 5) will feed `Sessions::push` from chat.deliveries.
+//! API; the gateway keeps a session per connection (several per user), tells
+//! chat.presence which users it holds ([`presence`]), and pushes the fanout lists of its
+//! chat.deliveries partition to them ([`deliveries`]).
 
 pub mod connection;
+pub mod deliveries;
+pub mod presence;
 pub mod sessions;
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+use anyhow::Context;
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
@@ -16,6 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use chatpipe_core::auth::{AuthError, AuthSettings, TokenKeys};
+use chatpipe_core::config::RegistrySettings;
 use chatpipe_core::problem::Problem;
 use futures::StreamExt;
 use serde::Deserialize;
@@ -25,7 +30,10 @@ pub use sessions::Sessions;
 const DEFAULTS: &str = include_str!("../../config/gateway.toml");
 const ALIASES: &[(&str, &str)] = &[
     ("GATEWAY_ADDR", "http.addr"),
+    ("GATEWAY_ID", "gateway.id"),
     ("JWT_SECRET", "auth.jwt_secret"),
+    ("KAFKA_BROKERS", "kafka.brokers"),
+    ("SCHEMA_REGISTRY_URL", "registry.url"),
 ];
 
 /// Browsers cannot set headers on a WebSocket: they offer the token as a subprotocol,
@@ -37,8 +45,40 @@ const TOKEN_PROTOCOL_PREFIX: &str = "bearer.";
 #[serde(deny_unknown_fields)]
 pub struct Settings {
     pub http: HttpSettings,
+    pub gateway: GatewaySettings,
     pub auth: AuthSettings,
     pub sessions: SessionSettings,
+    pub kafka: KafkaSettings,
+    pub registry: RegistrySettings,
+    pub presence: PresenceSettings,
+    pub deliveries: DeliveriesSettings,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewaySettings {
+    pub id: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSettings {
+    pub brokers: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PresenceSettings {
+    pub topic: String,
+    pub lease_ms: u64,
+    pub renew_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeliveriesSettings {
+    pub topic: String,
+    pub partition: i32,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -52,6 +92,9 @@ pub struct HttpSettings {
 pub struct SessionSettings {
     pub queue_bound: usize,
     pub heartbeat_ms: u64,
+    pub socket_send_buffer_bytes: u32,
+    pub read_buffer_bytes: usize,
+    pub max_client_message_bytes: usize,
 }
 
 impl Settings {
@@ -60,11 +103,152 @@ impl Settings {
     }
 }
 
+/// Runs a gateway on `listener` until `shutdown` resolves: registers the presence
+/// schema, reads its chat.deliveries partition, publishes presence, serves `/ws`. On
+/// shutdown, queued frames go out, connections close with 1001, and the users' presence
+/// tombstones are written before it returns.
+pub async fn run(
+    settings: Settings,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let keys = settings.auth.token_keys()?;
+    let registry = chatpipe_schemas::registry::Registry::new(
+        &settings.registry.url,
+        Duration::from_millis(settings.registry.timeout_ms),
+    )?;
+    let codec = registry
+        .presence_codec_for(&format!("{}-value", settings.presence.topic))
+        .await
+        .context("registering the presence schema")?;
+    let brokers = &settings.kafka.brokers;
+    let producer: rdkafka::producer::FutureProducer =
+        chatpipe_core::kafka::producer_config(brokers)
+            .create()
+            .context("creating the Kafka producer")?;
+    let consumer: rdkafka::consumer::StreamConsumer = chatpipe_core::kafka::consumer_config(
+        brokers,
+        &format!("chatpipe-gateway-{}", settings.gateway.id),
+    )
+    .set("fetch.wait.max.ms", "50")
+    .create()
+    .context("creating the Kafka consumer")?;
+    check_partition(&consumer, &settings.deliveries)?;
+    let reader = deliveries::Reader {
+        consumer,
+        decoder: registry.event_decoder(),
+        topic: settings.deliveries.topic.clone(),
+        partition: settings.deliveries.partition,
+        dlq: producer.clone(),
+        schemas: Default::default(),
+    };
+    reader.assign()?;
+    let publisher = presence::Publisher {
+        producer,
+        codec,
+        topic: settings.presence.topic.clone(),
+        gateway_id: settings.gateway.id.clone(),
+        partition: settings.deliveries.partition,
+        lease: Duration::from_millis(settings.presence.lease_ms),
+        renew: Duration::from_millis(settings.presence.renew_ms),
+    };
+
+    let sessions = Sessions::new(settings.sessions.queue_bound);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |rx: tokio::sync::watch::Receiver<bool>| async move {
+        let mut rx = rx;
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let reading = tokio::spawn(reader.run(sessions.clone(), stopped(stop_rx.clone())));
+    let publishing = {
+        let sessions = sessions.clone();
+        let stop = stopped(stop_rx.clone());
+        tokio::spawn(async move {
+            publisher.run(sessions.clone(), stop).await;
+            // The connections close on the stop signal; their tombstones go out last.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            while !sessions.counts().is_empty() && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let mut last = sessions.take_changes();
+            last.extend(sessions.counts().into_iter().map(|(u, _)| (u, 0)));
+            publisher.publish(&last).await;
+        })
+    };
+    let gateway = Gateway {
+        keys,
+        sessions,
+        heartbeat: Duration::from_millis(settings.sessions.heartbeat_ms),
+        read_buffer_bytes: settings.sessions.read_buffer_bytes,
+        max_client_message_bytes: settings.sessions.max_client_message_bytes,
+        shutdown: stop_rx,
+    };
+    tracing::info!(
+        addr = %listener.local_addr()?,
+        id = %settings.gateway.id,
+        partition = settings.deliveries.partition,
+        "gateway listening"
+    );
+    axum::serve(listener, gateway.router())
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            let _ = stop_tx.send(true);
+        })
+        .await?;
+    reading.await?;
+    publishing.await?;
+    Ok(())
+}
+
+/// A listener whose connections have a send buffer of `sessions.socket_send_buffer_bytes`
+/// (accepted sockets inherit it): the memory a stalled client can pin in the kernel is
+/// bounded, and a client that stops reading backs up into its session queue, where the
+/// overflow rule sees it.
+pub fn listener(settings: &Settings) -> std::io::Result<tokio::net::TcpListener> {
+    let addr = settings.http.addr;
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.set_send_buffer_size(settings.sessions.socket_send_buffer_bytes)?;
+    socket.bind(addr)?;
+    socket.listen(1024)
+}
+
+/// The configured partition must exist: a gateway reading nothing would look healthy.
+fn check_partition(
+    consumer: &rdkafka::consumer::StreamConsumer,
+    d: &DeliveriesSettings,
+) -> anyhow::Result<()> {
+    use rdkafka::consumer::Consumer;
+    let metadata = consumer
+        .fetch_metadata(Some(&d.topic), Duration::from_secs(10))
+        .with_context(|| format!("reading the metadata of {}", d.topic))?;
+    let partitions = metadata
+        .topics()
+        .first()
+        .map_or(0, |t| t.partitions().len());
+    anyhow::ensure!(
+        d.partition >= 0 && (d.partition as usize) < partitions,
+        "deliveries.partition {} does not exist: {} has {partitions} partitions (one per gateway)",
+        d.partition,
+        d.topic
+    );
+    Ok(())
+}
+
 #[derive(Clone)]
 pub struct Gateway {
     pub keys: TokenKeys,
     pub sessions: Sessions,
     pub heartbeat: Duration,
+    /// Per-connection read buffer: clients only send control frames, so a small one
+    /// keeps an idle connection cheap.
+    pub read_buffer_bytes: usize,
+    /// The largest message a client may send; larger closes the connection.
+    pub max_client_message_bytes: usize,
     pub shutdown: tokio::sync::watch::Receiver<bool>,
 }
 
@@ -124,6 +308,11 @@ async fn ws(State(gw): State<Gateway>, headers: HeaderMap, upgrade: WebSocketUpg
     };
     upgrade
         .protocols([SUBPROTOCOL])
+        .read_buffer_size(gw.read_buffer_bytes)
+        // Frames are written (and flushed) one by one as they leave the queue.
+        .write_buffer_size(0)
+        .max_message_size(gw.max_client_message_bytes)
+        .max_frame_size(gw.max_client_message_bytes)
         .on_upgrade(move |socket| async move {
             let session = gw.sessions.join(user);
             let id = session.id;

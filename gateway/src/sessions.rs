@@ -2,19 +2,20 @@
 //! frames. Pushing never waits: a full queue closes that one connection instead of
 //! slowing the pusher (and so everyone else).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 
 pub type SessionId = u64;
 
 /// What a connection is told to do.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outbound {
-    /// A JSON text frame.
-    Frame(Arc<str>),
+    /// A JSON text frame, and when its event was committed (microseconds since the
+    /// epoch) if it has one: the push latency is measured from there to the frame written.
+    Frame(Arc<str>, Option<i64>),
     /// Close with this reason: the queue overflowed.
     Overflowed,
 }
@@ -22,6 +23,8 @@ pub enum Outbound {
 #[derive(Debug, Default)]
 struct Inner {
     by_user: HashMap<i64, Vec<(SessionId, mpsc::Sender<Outbound>)>>,
+    /// Users whose session count changed since presence last looked.
+    changed: HashSet<i64>,
 }
 
 /// The registry is cheap to clone; all clones share one table.
@@ -30,6 +33,7 @@ pub struct Sessions {
     inner: Arc<Mutex<Inner>>,
     next_id: Arc<AtomicU64>,
     queue_bound: usize,
+    changes: Arc<Notify>,
 }
 
 /// A connected session: its id, and the receiving end of its queue. Dropping the
@@ -46,6 +50,7 @@ impl Sessions {
             inner: Arc::default(),
             next_id: Arc::default(),
             queue_bound: queue_bound.max(1),
+            changes: Arc::default(),
         }
     }
 
@@ -55,6 +60,8 @@ impl Sessions {
         let (tx, rx) = mpsc::channel(self.queue_bound + 1);
         let mut inner = self.inner.lock().expect("sessions lock");
         inner.by_user.entry(user).or_default().push((id, tx));
+        inner.changed.insert(user);
+        self.changes.notify_one();
         metrics::gauge!("gateway_connections").increment(1.0);
         Session {
             id,
@@ -64,12 +71,15 @@ impl Sessions {
     }
 
     pub fn leave(&self, user: i64, id: SessionId) {
-        let mut inner = self.inner.lock().expect("sessions lock");
+        let mut guard = self.inner.lock().expect("sessions lock");
+        let inner = &mut *guard;
         if let Some(list) = inner.by_user.get_mut(&user) {
             let before = list.len();
             list.retain(|(sid, _)| *sid != id);
             if list.len() < before {
                 metrics::gauge!("gateway_connections").decrement(1.0);
+                inner.changed.insert(user);
+                self.changes.notify_one();
             }
             if list.is_empty() {
                 inner.by_user.remove(&user);
@@ -88,9 +98,37 @@ impl Sessions {
             .collect()
     }
 
+    /// Waits until some user's session count changes.
+    pub async fn changed(&self) {
+        self.changes.notified().await;
+    }
+
+    /// The users whose session count changed since the last call, with their count now
+    /// (0: gone).
+    pub fn take_changes(&self) -> Vec<(i64, usize)> {
+        let mut inner = self.inner.lock().expect("sessions lock");
+        let changed = std::mem::take(&mut inner.changed);
+        changed
+            .into_iter()
+            .map(|u| (u, inner.by_user.get(&u).map_or(0, Vec::len)))
+            .collect()
+    }
+
+    /// Every user here with their session count.
+    pub fn counts(&self) -> Vec<(i64, usize)> {
+        let inner = self.inner.lock().expect("sessions lock");
+        inner.by_user.iter().map(|(u, s)| (*u, s.len())).collect()
+    }
+
     /// Queues `frame` for every session of every user in `users`; returns how many
     /// sessions got it. A session whose queue is full is told to close.
     pub fn push(&self, users: &[i64], frame: &str) -> usize {
+        self.push_committed(users, frame, None)
+    }
+
+    /// [`Sessions::push`] for an event committed at `committed_at` (microseconds since
+    /// the epoch).
+    pub fn push_committed(&self, users: &[i64], frame: &str, committed_at: Option<i64>) -> usize {
         let frame: Arc<str> = Arc::from(frame);
         let inner = self.inner.lock().expect("sessions lock");
         let mut delivered = 0;
@@ -103,7 +141,10 @@ impl Sessions {
                     }
                     continue;
                 }
-                if tx.try_send(Outbound::Frame(frame.clone())).is_ok() {
+                if tx
+                    .try_send(Outbound::Frame(frame.clone(), committed_at))
+                    .is_ok()
+                {
                     delivered += 1;
                 }
             }
@@ -126,7 +167,10 @@ mod tests {
         assert_eq!(sessions.push(&[10], r#"{"type":"message.new"}"#), 2);
         assert_eq!(
             phone.outbound.recv().await,
-            Some(Outbound::Frame(Arc::from(r#"{"type":"message.new"}"#)))
+            Some(Outbound::Frame(
+                Arc::from(r#"{"type":"message.new"}"#),
+                None
+            ))
         );
         assert!(laptop.outbound.recv().await.is_some());
         assert!(
@@ -148,7 +192,7 @@ mod tests {
             // The fast client keeps up.
             assert!(matches!(
                 fast.outbound.recv().await,
-                Some(Outbound::Frame(_))
+                Some(Outbound::Frame(..))
             ));
         }
         let mut got = Vec::new();

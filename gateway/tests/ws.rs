@@ -19,6 +19,8 @@ async fn start() -> (String, Sessions, TokenKeys) {
         keys: keys.clone(),
         sessions: sessions.clone(),
         heartbeat: Duration::from_secs(30),
+        read_buffer_bytes: 4096,
+        max_client_message_bytes: 16 * 1024,
         shutdown,
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

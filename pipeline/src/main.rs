@@ -27,6 +27,8 @@ struct Cli {
 enum Command {
     /// Run the receipts aggregator: chat.read-receipts -> batched watermark flushes.
     Receipts,
+    /// Run the fanout processor: chat.events + members + presence -> chat.deliveries.
+    Fanout,
     /// Print a topic's records, decoded, as JSON lines on stdout.
     Tail(pipeline::tail::TailArgs),
 }
@@ -51,6 +53,22 @@ async fn main() -> anyhow::Result<()> {
             tokio::spawn(async move {
                 shutdown_signal().await;
                 tracing::info!("stopping: flushing the open window, then leaving the group");
+                flag.store(true, Ordering::Relaxed);
+            });
+            worker.await?
+        }
+        Command::Fanout => {
+            serve_metrics(&settings).await?;
+            let stop = Arc::new(AtomicBool::new(false));
+            let worker = {
+                let (settings, stop) = (settings.clone(), stop.clone());
+                let status = Arc::default();
+                tokio::task::spawn_blocking(move || pipeline::fanout::run(&settings, stop, status))
+            };
+            let flag = stop.clone();
+            tokio::spawn(async move {
+                shutdown_signal().await;
+                tracing::info!("stopping: committing what was fanned out");
                 flag.store(true, Ordering::Relaxed);
             });
             worker.await?

@@ -19,6 +19,7 @@ pub struct Settings {
     pub database: DatabaseSettings,
     pub outbox: OutboxSettings,
     pub receipts: ReceiptsSettings,
+    pub fanout: FanoutSettings,
     pub http: HttpSettings,
     pub fault: FaultSettings,
 }
@@ -46,6 +47,20 @@ pub struct ReceiptsSettings {
     pub max_batch_keys: usize,
     pub max_poll_ms: u64,
     pub concurrency: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FanoutSettings {
+    pub events_topic: String,
+    pub group: String,
+    pub presence_topic: String,
+    pub deliveries_topic: String,
+    pub light_threshold: usize,
+    pub tick_ms: u64,
+    pub max_poll_ms: u64,
+    pub max_age_ms: u64,
+    pub produce_queue_max: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -129,18 +129,18 @@ pub fn split_frame(bytes: &[u8]) -> Result<(u32, &[u8]), CodecError> {
     }
 }
 
-fn micros(t: &DateTime<Utc>) -> Value {
+pub(crate) fn micros(t: &DateTime<Utc>) -> Value {
     Value::TimestampMicros(t.timestamp_micros())
 }
 
-fn opt_string(s: &Option<String>) -> Value {
+pub(crate) fn opt_string(s: &Option<String>) -> Value {
     match s {
         Some(s) => Value::Union(1, Box::new(Value::String(s.clone()))),
         None => Value::Union(0, Box::new(Value::Null)),
     }
 }
 
-fn record(fields: Vec<(&str, Value)>) -> Value {
+pub(crate) fn record(fields: Vec<(&str, Value)>) -> Value {
     Value::Record(fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
 }
 
@@ -204,10 +204,10 @@ pub fn to_value(event: &ChatEvent) -> Value {
 }
 
 /// Fields of a decoded record, looked up by name.
-struct Fields(Vec<(String, Value)>);
+pub(crate) struct Fields(Vec<(String, Value)>);
 
 impl Fields {
-    fn of(value: Value, what: &str) -> Result<Self, CodecError> {
+    pub(crate) fn of(value: Value, what: &str) -> Result<Self, CodecError> {
         match value {
             Value::Record(fields) => Ok(Self(fields)),
             other => Err(CodecError::Shape(format!(
@@ -216,7 +216,7 @@ impl Fields {
         }
     }
 
-    fn take(&mut self, name: &str) -> Result<Value, CodecError> {
+    pub(crate) fn take(&mut self, name: &str) -> Result<Value, CodecError> {
         let i = self
             .0
             .iter()
@@ -225,7 +225,7 @@ impl Fields {
         Ok(self.0.swap_remove(i).1)
     }
 
-    fn long(&mut self, name: &str) -> Result<i64, CodecError> {
+    pub(crate) fn long(&mut self, name: &str) -> Result<i64, CodecError> {
         match self.take(name)? {
             Value::Long(v) => Ok(v),
             Value::Int(v) => Ok(v.into()),
@@ -235,7 +235,7 @@ impl Fields {
         }
     }
 
-    fn string(&mut self, name: &str) -> Result<String, CodecError> {
+    pub(crate) fn string(&mut self, name: &str) -> Result<String, CodecError> {
         match self.take(name)? {
             Value::String(v) => Ok(v),
             other => Err(CodecError::Shape(format!(
@@ -245,7 +245,7 @@ impl Fields {
     }
 
     /// An optional field: absent (an older writer) reads as None.
-    fn opt_string(&mut self, name: &str) -> Result<Option<String>, CodecError> {
+    pub(crate) fn opt_string(&mut self, name: &str) -> Result<Option<String>, CodecError> {
         if !self.0.iter().any(|(k, _)| k == name) {
             return Ok(None);
         }
@@ -261,7 +261,7 @@ impl Fields {
         }
     }
 
-    fn uuid(&mut self, name: &str) -> Result<uuid::Uuid, CodecError> {
+    pub(crate) fn uuid(&mut self, name: &str) -> Result<uuid::Uuid, CodecError> {
         match self.take(name)? {
             Value::Uuid(v) => Ok(v),
             Value::String(s) => s
@@ -273,7 +273,7 @@ impl Fields {
         }
     }
 
-    fn timestamp(&mut self, name: &str) -> Result<DateTime<Utc>, CodecError> {
+    pub(crate) fn timestamp(&mut self, name: &str) -> Result<DateTime<Utc>, CodecError> {
         let micros = match self.take(name)? {
             Value::TimestampMicros(v) | Value::Long(v) => v,
             other => {
@@ -285,6 +285,68 @@ impl Fields {
         DateTime::from_timestamp_micros(micros)
             .ok_or_else(|| CodecError::Shape(format!("{name} out of range")))
     }
+
+    /// An optional long: absent (an older writer) or null reads as None.
+    pub(crate) fn opt_long(&mut self, name: &str) -> Result<Option<i64>, CodecError> {
+        if !self.0.iter().any(|(k, _)| k == name) {
+            return Ok(None);
+        }
+        match self.take(name)? {
+            Value::Union(_, v) => match *v {
+                Value::Null => Ok(None),
+                Value::Long(v) => Ok(Some(v)),
+                other => Err(CodecError::Shape(format!("{name} is {other:?}"))),
+            },
+            Value::Null => Ok(None),
+            Value::Long(v) => Ok(Some(v)),
+            other => Err(CodecError::Shape(format!("{name} is {other:?}"))),
+        }
+    }
+
+    pub(crate) fn boolean(&mut self, name: &str) -> Result<bool, CodecError> {
+        match self.take(name)? {
+            Value::Boolean(v) => Ok(v),
+            other => Err(CodecError::Shape(format!(
+                "{name} is {other:?}, not a boolean"
+            ))),
+        }
+    }
+
+    pub(crate) fn longs(&mut self, name: &str) -> Result<Vec<i64>, CodecError> {
+        match self.take(name)? {
+            Value::Array(items) => items
+                .into_iter()
+                .map(|v| match v {
+                    Value::Long(v) => Ok(v),
+                    other => Err(CodecError::Shape(format!("{name} holds {other:?}"))),
+                })
+                .collect(),
+            other => Err(CodecError::Shape(format!(
+                "{name} is {other:?}, not an array"
+            ))),
+        }
+    }
+
+    /// Milliseconds since the epoch (timestamp-millis, or a plain long).
+    pub(crate) fn millis(&mut self, name: &str) -> Result<i64, CodecError> {
+        match self.take(name)? {
+            Value::TimestampMillis(v) | Value::Long(v) => Ok(v),
+            other => Err(CodecError::Shape(format!(
+                "{name} is {other:?}, not millis"
+            ))),
+        }
+    }
+}
+
+/// Reads a framed value with the writer schema the caller already holds (looked up by
+/// [`split_frame`]'s id, e.g. from a per-consumer cache): no await, for hot loops.
+pub fn read_with(writer: &Schema, bytes: &[u8]) -> Result<Value, CodecError> {
+    let (_, body) = split_frame(bytes)?;
+    Ok(
+        apache_avro::reader::datum::GenericDatumReader::builder(writer)
+            .build()?
+            .read_value(&mut &body[..])?,
+    )
 }
 
 /// The event of an Avro value (already resolved to our schema).

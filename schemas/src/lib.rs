@@ -11,6 +11,8 @@
 
 pub mod avro;
 pub mod contract;
+pub mod delivery;
+pub mod presence;
 pub mod receipt;
 pub mod registry;
 

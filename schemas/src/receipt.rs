@@ -5,7 +5,7 @@ use apache_avro::Schema;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::avro::{split_frame, CodecError, Framed};
+use crate::avro::{CodecError, Framed};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -53,11 +53,7 @@ impl ReadReceipt {
     /// Decodes a framed value whose writer schema the caller already holds (looked up by
     /// [`crate::avro::split_frame`]'s id): no await, for hot consumer loops.
     pub fn decode_with(writer: &Schema, bytes: &[u8]) -> Result<Self, CodecError> {
-        let (_, body) = split_frame(bytes)?;
-        let value = apache_avro::reader::datum::GenericDatumReader::builder(writer)
-            .build()?
-            .read_value(&mut &body[..])?;
-        Self::from_value(value)
+        Self::from_value(crate::avro::read_with(writer, bytes)?)
     }
 
     /// From a decoded record of any schema version, by field name.

@@ -151,6 +151,28 @@ impl Registry {
         Ok(crate::receipt::ReceiptCodec::new(id))
     }
 
+    /// Registers the chat.presence schema under `subject` and returns a codec for it.
+    pub async fn presence_codec_for(
+        &self,
+        subject: &str,
+    ) -> Result<crate::presence::PresenceCodec, RegistryError> {
+        let id = self
+            .register_schema(subject, crate::contract::PRESENCE.schema)
+            .await?;
+        Ok(crate::presence::PresenceCodec::new(id))
+    }
+
+    /// Registers the chat.deliveries schema under `subject` and returns a codec for it.
+    pub async fn delivery_codec_for(
+        &self,
+        subject: &str,
+    ) -> Result<crate::delivery::DeliveryCodec, RegistryError> {
+        let id = self
+            .register_schema(subject, crate::contract::DELIVERIES.schema)
+            .await?;
+        Ok(crate::delivery::DeliveryCodec::new(id))
+    }
+
     /// Registers the chat.events schema under its subject (`chat.events-value`) and
     /// returns a codec for it.
     pub async fn event_codec(&self) -> Result<EventCodec, RegistryError> {

@@ -15,12 +15,11 @@ use std::time::{Duration, Instant as StdInstant};
 
 use anyhow::Context;
 use chatpipe_core::outbox::Outbox;
-use chatpipe_schemas::avro::split_frame;
 use chatpipe_schemas::receipt::ReadReceipt;
-use chatpipe_schemas::registry::{EventDecoder, Registry};
+use chatpipe_schemas::registry::Registry;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
-use rdkafka::message::{BorrowedMessage, Header, Message, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::message::{BorrowedMessage, Message};
+use rdkafka::producer::FutureProducer;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
@@ -28,6 +27,7 @@ use tokio::runtime::Handle;
 use tokio::time::Instant;
 
 use crate::settings::Settings;
+use crate::streams::{record_lag, WriterSchemas};
 use window::{Batch, Window};
 
 /// What a flush needs, shared by the poll loop and the rebalance callback.
@@ -97,14 +97,7 @@ impl ClientContext for ReceiptsContext {
     /// Consumer lag per partition, from librdkafka's statistics (no broker round trip:
     /// a watermark query would queue behind the long-poll fetch and stall the loop).
     fn stats(&self, statistics: rdkafka::Statistics) {
-        if let Some(topic) = statistics.topics.get(&self.flusher.topic) {
-            for (partition, p) in &topic.partitions {
-                if *partition >= 0 && p.consumer_lag >= 0 {
-                    metrics::gauge!("receipts_consumer_lag", "partition" => partition.to_string())
-                        .set(p.consumer_lag as f64);
-                }
-            }
-        }
+        record_lag(&statistics, &self.flusher.topic, "receipts_consumer_lag");
     }
 }
 
@@ -210,18 +203,10 @@ fn run_one(settings: &Settings, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     tracing::info!(topic = %cfg.topic, group = %cfg.group, "receipts aggregator running");
 
     let poll = Duration::from_millis(cfg.max_poll_ms);
-    let mut schemas = WriterSchemas::default();
+    let mut schemas = WriterSchemas::new(decoder, rt.handle().clone());
     while !stop.load(Ordering::Relaxed) {
         match consumer.poll(poll) {
-            Some(Ok(message)) => take_in(
-                &message,
-                &mut schemas,
-                &decoder,
-                &rt,
-                &flusher,
-                &dlq,
-                &dlq_topic,
-            )?,
+            Some(Ok(message)) => take_in(&message, &mut schemas, &rt, &flusher, &dlq, &dlq_topic)?,
             // Consumer errors (a broker restarting, a partition moving) are transient: the
             // client retries by itself; we report and keep polling.
             Some(Err(err)) => {
@@ -247,36 +232,11 @@ fn run_one(settings: &Settings, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Writer schemas by id, held by one consumer thread: decoding stays synchronous, the
-/// registry is asked once per schema version.
-#[derive(Default)]
-struct WriterSchemas(std::collections::HashMap<u32, apache_avro::Schema>);
-
-impl WriterSchemas {
-    fn decode(
-        &mut self,
-        bytes: &[u8],
-        decoder: &EventDecoder,
-        rt: &tokio::runtime::Runtime,
-    ) -> Result<ReadReceipt, String> {
-        let (id, _) = split_frame(bytes).map_err(|e| e.to_string())?;
-        let schema = match self.0.entry(id) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => e.insert(
-                rt.block_on(decoder.writer_schema(id))
-                    .map_err(|e| e.to_string())?,
-            ),
-        };
-        ReadReceipt::decode_with(schema, bytes).map_err(|e| e.to_string())
-    }
-}
-
 /// One record into the window, or into the dead-letter topic.
 #[allow(clippy::too_many_arguments)]
 fn take_in(
     message: &BorrowedMessage<'_>,
     schemas: &mut WriterSchemas,
-    decoder: &EventDecoder,
     rt: &tokio::runtime::Runtime,
     flusher: &Flusher,
     dlq: &FutureProducer,
@@ -284,7 +244,9 @@ fn take_in(
 ) -> anyhow::Result<()> {
     let (partition, offset) = (message.partition(), message.offset());
     let decoded = match message.payload() {
-        Some(bytes) => schemas.decode(bytes, decoder, rt),
+        Some(bytes) => schemas
+            .of(bytes)
+            .and_then(|w| ReadReceipt::decode_with(w, bytes).map_err(|e| e.to_string())),
         None => Err("record without a value".to_owned()),
     };
     let now = Instant::now();
@@ -329,36 +291,11 @@ fn dead_letter(
         error,
         "undecodable receipt: to {dlq_topic}"
     );
-    let partition_text = partition.to_string();
-    let offset_text = offset.to_string();
-    let headers = OwnedHeaders::new()
-        .insert(Header {
-            key: "error",
-            value: Some(error),
-        })
-        .insert(Header {
-            key: "source.topic",
-            value: Some(message.topic()),
-        })
-        .insert(Header {
-            key: "source.partition",
-            value: Some(&partition_text),
-        })
-        .insert(Header {
-            key: "source.offset",
-            value: Some(&offset_text),
-        });
-    let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(dlq_topic).headers(headers);
-    if let Some(key) = message.key() {
-        record = record.key(key);
-    }
-    if let Some(payload) = message.payload() {
-        record = record.payload(payload);
-    }
     // The record must be in the DLQ (acks=all) before its offset can be committed; if it
     // cannot get there, the processor stops rather than drop it.
-    rt.block_on(dlq.send(record, Duration::from_secs(10)))
-        .map_err(|(e, _)| anyhow::anyhow!("producing to {dlq_topic}: {e}"))?;
+    rt.block_on(chatpipe_core::kafka::dead_letter(
+        dlq, dlq_topic, message, error,
+    ))?;
     metrics::counter!("receipts_dlq_total").increment(1);
     flusher
         .window

@@ -1,0 +1,79 @@
+//! Presence: this gateway tells chat.presence which users it holds. A user's record
+//! (key `<userId>@<gatewayId>`) is written when their session count changes and renewed
+//! every `renew_ms` with a lease of `lease_ms`; the last session leaving writes a
+//! tombstone. A gateway that dies without a word stops counting when its leases expire.
+
+use std::time::Duration;
+
+use chatpipe_schemas::presence::{key, Presence, PresenceCodec};
+use futures::future::join_all;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+
+use crate::sessions::Sessions;
+
+pub struct Publisher {
+    pub producer: FutureProducer,
+    pub codec: PresenceCodec,
+    pub topic: String,
+    pub gateway_id: String,
+    pub partition: i32,
+    pub lease: Duration,
+    pub renew: Duration,
+}
+
+impl Publisher {
+    /// Publishes changes as they happen and renews every lease, until `shutdown`; then
+    /// publishes the last changes (the tombstones of the sessions closed by the stop).
+    pub async fn run(&self, sessions: Sessions, shutdown: impl std::future::Future<Output = ()>) {
+        let mut renew = tokio::time::interval(self.renew);
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                () = sessions.changed() => {
+                    let changes = sessions.take_changes();
+                    self.publish(&changes).await;
+                }
+                _ = renew.tick() => {
+                    let all = sessions.counts();
+                    metrics::gauge!("gateway_presence_users").set(all.len() as f64);
+                    self.publish(&all).await;
+                }
+                () = &mut shutdown => break,
+            }
+        }
+    }
+
+    /// Writes the presence of `users` (count 0: a tombstone), waiting for the acks.
+    pub async fn publish(&self, users: &[(i64, usize)]) {
+        let expires = chrono::Utc::now().timestamp_millis() + self.lease.as_millis() as i64;
+        let sends = users.iter().map(|(user, count)| {
+            let key = key(*user, &self.gateway_id);
+            let value = (*count > 0).then(|| {
+                self.codec.encode(&Presence {
+                    user_id: *user,
+                    gateway_id: self.gateway_id.clone(),
+                    partition: self.partition,
+                    sessions: i32::try_from(*count).unwrap_or(i32::MAX),
+                    lease_expires_at: expires,
+                })
+            });
+            async move {
+                let mut record: FutureRecord<'_, str, [u8]> =
+                    FutureRecord::to(&self.topic).key(&key);
+                if let Some(value) = &value {
+                    record = record.payload(value);
+                }
+                self.producer.send(record, Duration::from_secs(10)).await
+            }
+        });
+        for result in join_all(sends).await {
+            match result {
+                Ok(_) => metrics::counter!("gateway_presence_records_total").increment(1),
+                Err((err, _)) => {
+                    metrics::counter!("gateway_presence_errors_total").increment(1);
+                    tracing::warn!("publishing presence: {err}");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! The presence table: user -> the gateways holding their sessions, each with a lease.
+//! Built from the compacted chat.presence topic (a global table: every fanout member
+//! reads all of it). An entry whose lease has passed counts as offline: that is how a
+//! gateway that died without a word stops receiving fanout lists.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gateway {
+    pub id: Arc<str>,
+    pub partition: i32,
+}
+
+#[derive(Debug, Clone)]
+struct Lease {
+    gateway: Gateway,
+    expires_at_ms: i64,
+}
+
+#[derive(Debug, Default)]
+pub struct Online {
+    by_user: HashMap<i64, Vec<Lease>>,
+}
+
+impl Online {
+    pub fn upsert(&mut self, user: i64, gateway: Gateway, expires_at_ms: i64) {
+        let leases = self.by_user.entry(user).or_default();
+        match leases.iter_mut().find(|l| l.gateway.id == gateway.id) {
+            Some(l) => {
+                l.gateway = gateway;
+                l.expires_at_ms = expires_at_ms;
+            }
+            None => leases.push(Lease {
+                gateway,
+                expires_at_ms,
+            }),
+        }
+    }
+
+    /// A tombstone: the user left that gateway.
+    pub fn remove(&mut self, user: i64, gateway_id: &str) {
+        if let Some(leases) = self.by_user.get_mut(&user) {
+            leases.retain(|l| &*l.gateway.id != gateway_id);
+            if leases.is_empty() {
+                self.by_user.remove(&user);
+            }
+        }
+    }
+
+    /// The gateways holding `user` now (unexpired leases).
+    pub fn gateways(&self, user: i64, now_ms: i64) -> impl Iterator<Item = &Gateway> {
+        self.by_user
+            .get(&user)
+            .into_iter()
+            .flatten()
+            .filter(move |l| l.expires_at_ms > now_ms)
+            .map(|l| &l.gateway)
+    }
+
+    pub fn is_online(&self, user: i64, now_ms: i64) -> bool {
+        self.gateways(user, now_ms).next().is_some()
+    }
+
+    /// Drops expired leases; returns the users still online.
+    pub fn sweep(&mut self, now_ms: i64) -> usize {
+        self.by_user.retain(|_, leases| {
+            leases.retain(|l| l.expires_at_ms > now_ms);
+            !leases.is_empty()
+        });
+        self.by_user.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gw(id: &str, partition: i32) -> Gateway {
+        Gateway {
+            id: Arc::from(id),
+            partition,
+        }
+    }
+
+    #[test]
+    fn a_user_on_two_gateways_is_reached_on_both_until_one_leaves() {
+        let mut o = Online::default();
+        o.upsert(1, gw("a", 0), 1_000);
+        o.upsert(1, gw("b", 1), 1_000);
+        assert_eq!(o.gateways(1, 0).count(), 2);
+        o.remove(1, "a");
+        assert_eq!(o.gateways(1, 0).collect::<Vec<_>>(), vec![&gw("b", 1)]);
+    }
+
+    #[test]
+    fn an_expired_lease_counts_as_offline() {
+        let mut o = Online::default();
+        o.upsert(1, gw("a", 0), 1_000);
+        assert!(o.is_online(1, 999));
+        assert!(
+            !o.is_online(1, 1_000),
+            "a silent gateway stops counting at its lease"
+        );
+        o.upsert(1, gw("a", 0), 2_000);
+        assert!(o.is_online(1, 1_500), "a renewal brings it back");
+        assert_eq!(o.sweep(2_000), 0);
+    }
+}

@@ -1,0 +1,254 @@
+//! The join itself, free of Kafka: an event, the conversation's members and the presence
+//! table in; fanout lists out, one per gateway. Nobody outside `members` is ever on a
+//! list (DESIGN.md invariant 6), and offline members are on none.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use chatpipe_schemas::delivery::{Delivery, MESSAGE_NEW, READ_UPDATED};
+use chatpipe_schemas::{MessageNew, ReadUpdated};
+
+use super::online::{Gateway, Online};
+
+/// One fanout list and the chat.deliveries partition it goes to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Routed {
+    pub partition: i32,
+    pub delivery: Delivery,
+}
+
+/// Splits `users` by the gateways holding them now: (partition, gateway id) -> users.
+fn by_gateway<'a>(
+    users: impl IntoIterator<Item = &'a i64>,
+    online: &Online,
+    now_ms: i64,
+) -> BTreeMap<(i32, String), Vec<i64>> {
+    let mut lists: BTreeMap<(i32, String), Vec<i64>> = BTreeMap::new();
+    for user in users {
+        for Gateway { id, partition } in online.gateways(*user, now_ms) {
+            lists
+                .entry((*partition, id.to_string()))
+                .or_default()
+                .push(*user);
+        }
+    }
+    for users in lists.values_mut() {
+        users.sort_unstable();
+    }
+    lists
+}
+
+fn route(lists: BTreeMap<(i32, String), Vec<i64>>, template: &Delivery) -> Vec<Routed> {
+    lists
+        .into_iter()
+        .map(|((partition, gateway_id), user_ids)| Routed {
+            partition,
+            delivery: Delivery {
+                gateway_id,
+                user_ids,
+                ..template.clone()
+            },
+        })
+        .collect()
+}
+
+/// message.new to every online member, the sender's other devices included. Above
+/// `light_threshold` members the list carries only `{conversationId, seq}`.
+pub fn message_new(
+    e: &MessageNew,
+    members: &HashSet<i64>,
+    online: &Online,
+    now_ms: i64,
+    light_threshold: usize,
+) -> Vec<Routed> {
+    let light = members.len() > light_threshold;
+    let template = Delivery {
+        gateway_id: String::new(),
+        user_ids: Vec::new(),
+        light,
+        event_type: MESSAGE_NEW.into(),
+        conversation_id: e.conversation_id,
+        seq: Some(e.seq),
+        sender_id: (!light).then_some(e.sender_id),
+        body: (!light).then(|| e.body.clone()),
+        user_id: None,
+        last_read_seq: None,
+        occurred_at: e.created_at.timestamp_micros(),
+    };
+    route(by_gateway(members, online, now_ms), &template)
+}
+
+/// read.updated for a conversation up to `light_threshold` members: to every online
+/// member (the reader's other devices, and the others' "Read" marks).
+pub fn read_updated(
+    e: &ReadUpdated,
+    members: &HashSet<i64>,
+    online: &Online,
+    now_ms: i64,
+) -> Vec<Routed> {
+    route(by_gateway(members, online, now_ms), &read_template(e))
+}
+
+/// read.updated in a large group, for the reader's own devices only; the members get a
+/// coalesced [`Coalescer`] push instead.
+pub fn read_updated_to_reader(e: &ReadUpdated, online: &Online, now_ms: i64) -> Vec<Routed> {
+    route(by_gateway([&e.user_id], online, now_ms), &read_template(e))
+}
+
+fn read_template(e: &ReadUpdated) -> Delivery {
+    Delivery {
+        gateway_id: String::new(),
+        user_ids: Vec::new(),
+        light: false,
+        event_type: READ_UPDATED.into(),
+        conversation_id: e.conversation_id,
+        seq: None,
+        sender_id: None,
+        body: None,
+        user_id: Some(e.user_id),
+        last_read_seq: Some(e.last_read_seq),
+        occurred_at: e.occurred_at.timestamp_micros(),
+    }
+}
+
+/// read.updated in large groups, coalesced per conversation: between two ticks a
+/// conversation's reads become one light push carrying the highest `lastReadSeq`, which
+/// tells clients showing "read by N" to refresh it.
+#[derive(Debug, Default)]
+pub struct Coalescer {
+    pending: HashMap<i64, (i64, i64)>,
+}
+
+impl Coalescer {
+    pub fn add(&mut self, e: &ReadUpdated) {
+        let at = e.occurred_at.timestamp_micros();
+        let entry = self
+            .pending
+            .entry(e.conversation_id)
+            .or_insert((e.last_read_seq, at));
+        *entry = (entry.0.max(e.last_read_seq), entry.1.max(at));
+    }
+
+    pub fn len(&self) -> usize {
+        self.pending.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// The light pushes of everything pending, to the online members of each
+    /// conversation (`members_of` answers for the conversations still known).
+    pub fn drain<'m>(
+        &mut self,
+        members_of: impl Fn(i64) -> Option<&'m HashSet<i64>>,
+        online: &Online,
+        now_ms: i64,
+    ) -> Vec<Routed> {
+        let mut out = Vec::new();
+        for (conversation_id, (last_read_seq, occurred_at)) in self.pending.drain() {
+            let Some(members) = members_of(conversation_id) else {
+                continue;
+            };
+            let template = Delivery {
+                gateway_id: String::new(),
+                user_ids: Vec::new(),
+                light: true,
+                event_type: READ_UPDATED.into(),
+                conversation_id,
+                seq: None,
+                sender_id: None,
+                body: None,
+                user_id: None,
+                last_read_seq: Some(last_read_seq),
+                occurred_at,
+            };
+            out.extend(route(by_gateway(members, online, now_ms), &template));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::Utc;
+    use std::sync::Arc;
+
+    fn online(users: &[(i64, &str, i32)]) -> Online {
+        let mut o = Online::default();
+        for (u, g, p) in users {
+            o.upsert(
+                *u,
+                Gateway {
+                    id: Arc::from(*g),
+                    partition: *p,
+                },
+                i64::MAX,
+            );
+        }
+        o
+    }
+
+    fn message(conversation: i64, seq: i64) -> MessageNew {
+        MessageNew {
+            conversation_id: conversation,
+            seq,
+            sender_id: 1,
+            client_msg_id: uuid::Uuid::new_v4(),
+            body: "hello".into(),
+            created_at: Utc::now(),
+        }
+    }
+
+    #[test]
+    fn lists_are_per_gateway_and_hold_only_online_members() {
+        let members: HashSet<i64> = [1, 2, 3, 4].into();
+        // 5 is online but no member; 4 is a member but offline.
+        let o = online(&[(1, "a", 0), (2, "b", 1), (3, "a", 0), (5, "a", 0)]);
+        let routed = message_new(&message(9, 3), &members, &o, 0, 200);
+        assert_eq!(routed.len(), 2);
+        assert_eq!(
+            (routed[0].partition, &routed[0].delivery.user_ids),
+            (0, &vec![1, 3])
+        );
+        assert_eq!(
+            (routed[1].partition, &routed[1].delivery.user_ids),
+            (1, &vec![2])
+        );
+        assert_eq!(routed[0].delivery.gateway_id, "a");
+        assert_eq!(routed[0].delivery.body.as_deref(), Some("hello"));
+        assert!(!routed[0].delivery.light);
+    }
+
+    #[test]
+    fn above_the_threshold_the_payload_is_light() {
+        let members: HashSet<i64> = (1..=201).collect();
+        let o = online(&[(7, "a", 0)]);
+        let routed = message_new(&message(9, 3), &members, &o, 0, 200);
+        let d = &routed[0].delivery;
+        assert!(d.light && d.body.is_none() && d.sender_id.is_none());
+        assert_eq!((d.conversation_id, d.seq), (9, Some(3)));
+    }
+
+    #[test]
+    fn reads_in_a_large_group_coalesce_to_the_highest_per_conversation() {
+        let members: HashSet<i64> = (1..=300).collect();
+        let o = online(&[(1, "a", 0), (2, "a", 0)]);
+        let mut c = Coalescer::default();
+        for (user, seq) in [(1, 5), (2, 9), (3, 7)] {
+            c.add(&ReadUpdated {
+                conversation_id: 4,
+                user_id: user,
+                last_read_seq: seq,
+                occurred_at: Utc::now(),
+            });
+        }
+        assert_eq!(c.len(), 1);
+        let routed = c.drain(|_| Some(&members), &o, 0);
+        assert_eq!(routed.len(), 1);
+        let d = &routed[0].delivery;
+        assert_eq!((d.light, d.last_read_seq, d.user_id), (true, Some(9), None));
+        assert_eq!(d.user_ids, vec![1, 2]);
+        assert!(c.is_empty());
+    }
+}

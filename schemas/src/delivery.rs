@@ -1,0 +1,116 @@
+//! `chat.deliveries`: a fanout list, one event and the users on one gateway to push it to.
+
+use apache_avro::types::Value;
+use apache_avro::Schema;
+use serde::{Deserialize, Serialize};
+
+use crate::avro::{read_with, record, CodecError, Fields, Framed};
+
+pub const MESSAGE_NEW: &str = "message.new";
+pub const READ_UPDATED: &str = "read.updated";
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Delivery {
+    pub gateway_id: String,
+    pub user_ids: Vec<i64>,
+    pub light: bool,
+    pub event_type: String,
+    pub conversation_id: i64,
+    pub seq: Option<i64>,
+    pub sender_id: Option<i64>,
+    pub body: Option<String>,
+    pub user_id: Option<i64>,
+    pub last_read_seq: Option<i64>,
+    /// Microseconds since the epoch: when the event was committed.
+    pub occurred_at: i64,
+}
+
+#[derive(Debug, Clone)]
+pub struct DeliveryCodec(Framed);
+
+fn opt_long(v: Option<i64>) -> Value {
+    match v {
+        Some(v) => Value::Union(1, Box::new(Value::Long(v))),
+        None => Value::Union(0, Box::new(Value::Null)),
+    }
+}
+
+impl DeliveryCodec {
+    pub fn new(schema_id: u32) -> Self {
+        Self(Framed::new(crate::contract::DELIVERIES.schema, schema_id))
+    }
+
+    pub fn encode(&self, d: &Delivery) -> Vec<u8> {
+        self.0.encode(record(vec![
+            ("gatewayId", Value::String(d.gateway_id.clone())),
+            (
+                "userIds",
+                Value::Array(d.user_ids.iter().map(|u| Value::Long(*u)).collect()),
+            ),
+            ("light", Value::Boolean(d.light)),
+            ("eventType", Value::String(d.event_type.clone())),
+            ("conversationId", Value::Long(d.conversation_id)),
+            ("seq", opt_long(d.seq)),
+            ("senderId", opt_long(d.sender_id)),
+            ("body", crate::avro::opt_string(&d.body)),
+            ("userId", opt_long(d.user_id)),
+            ("lastReadSeq", opt_long(d.last_read_seq)),
+            ("occurredAt", Value::TimestampMicros(d.occurred_at)),
+        ]))
+    }
+}
+
+impl Delivery {
+    /// Decodes a framed value written with `writer` (any registered version).
+    pub fn decode_with(writer: &Schema, bytes: &[u8]) -> Result<Self, CodecError> {
+        let mut f = Fields::of(read_with(writer, bytes)?, "Delivery")?;
+        Ok(Self {
+            gateway_id: f.string("gatewayId")?,
+            user_ids: f.longs("userIds")?,
+            light: f.boolean("light")?,
+            event_type: f.string("eventType")?,
+            conversation_id: f.long("conversationId")?,
+            seq: f.opt_long("seq")?,
+            sender_id: f.opt_long("senderId")?,
+            body: f.opt_string("body")?,
+            user_id: f.opt_long("userId")?,
+            last_read_seq: f.opt_long("lastReadSeq")?,
+            occurred_at: f.timestamp("occurredAt")?.timestamp_micros(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deliveries_round_trip_full_and_light() {
+        let codec = DeliveryCodec::new(5);
+        let full = Delivery {
+            gateway_id: "gw-0".into(),
+            user_ids: vec![1, 2, 3],
+            light: false,
+            event_type: MESSAGE_NEW.into(),
+            conversation_id: 9,
+            seq: Some(4),
+            sender_id: Some(1),
+            body: Some("hi".into()),
+            user_id: None,
+            last_read_seq: None,
+            occurred_at: 1_764_480_000_000_001,
+        };
+        let light = Delivery {
+            light: true,
+            sender_id: None,
+            body: None,
+            ..full.clone()
+        };
+        for d in [full, light] {
+            let bytes = codec.encode(&d);
+            assert_eq!(Delivery::decode_with(codec.0.schema(), &bytes).unwrap(), d);
+        }
+        assert!(Delivery::decode_with(codec.0.schema(), b"junk").is_err());
+    }
+}
