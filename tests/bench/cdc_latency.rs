@@ -8,21 +8,15 @@
 //! Phase 2 sends a burst of `--burst` (10,000) with 32 concurrent senders and measures
 //! until the last of them is on the topic. Writes JSON with the machine.
 
-use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use chatpipe_core::auth::TokenKeys;
 use chatpipe_core::UserId;
-use chatpipe_schemas::registry::Registry;
-use chatpipe_schemas::ChatEvent;
+use chatpipe_tests::bench::{create_group, send, start_event_reader, wait_for, Arrivals};
 use clap::Parser;
 use hdrhistogram::Histogram;
-use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
-use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use serde_json::json;
-use tokio::sync::Mutex;
 
 #[derive(Parser)]
 struct Args {
@@ -50,9 +44,6 @@ struct Args {
     out: String,
 }
 
-/// When each (conversation, seq) was read from the topic.
-type Arrivals = Arc<Mutex<HashMap<(i64, i64), Instant>>>;
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -63,11 +54,12 @@ async fn main() -> anyhow::Result<()> {
     let token = keys.issue(UserId::new(user).unwrap(), Duration::from_secs(3600));
     let http = reqwest::Client::new();
 
-    let arrivals: Arrivals = Arc::default();
-    let reader = start_reader(&args, arrivals.clone()).await?;
+    let arrivals = Arrivals::default();
+    let reader =
+        start_event_reader(&args.brokers, &args.registry, &args.topic, arrivals.clone()).await?;
 
     // Phase 1: one at a time, commit -> topic.
-    let conv = create_group(&http, &args.base, &token).await?;
+    let conv = create_group(&http, &args.base, &token, &[]).await?;
     let mut latency = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
     for _ in 0..args.messages {
         let (seq, committed) = send(&http, &args.base, &token, conv).await?;
@@ -92,7 +84,7 @@ async fn main() -> anyhow::Result<()> {
     // Phase 2: a burst over `concurrency` conversations.
     let mut convs = Vec::new();
     for _ in 0..args.concurrency {
-        convs.push(create_group(&http, &args.base, &token).await?);
+        convs.push(create_group(&http, &args.base, &token, &[]).await?);
     }
     let started = Instant::now();
     // Sender i sends burst/concurrency messages, the first burst%concurrency one more.
@@ -145,113 +137,4 @@ async fn main() -> anyhow::Result<()> {
     }
     std::fs::write(&args.out, serde_json::to_vec_pretty(&report)?)?;
     Ok(())
-}
-
-/// Reads the topic from its current end (assigned explicitly, so nothing sent after this
-/// returns can be missed) and notes when each message arrives.
-async fn start_reader(
-    args: &Args,
-    arrivals: Arrivals,
-) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-    let config = {
-        let mut c = ClientConfig::new();
-        c.set("bootstrap.servers", &args.brokers)
-            .set("group.id", format!("cdc-latency-{}", uuid::Uuid::new_v4()))
-            .set("enable.auto.commit", "false")
-            .set("fetch.wait.max.ms", "5");
-        c
-    };
-    let probe: BaseConsumer = config.create()?;
-    let metadata = probe.fetch_metadata(Some(&args.topic), Duration::from_secs(10))?;
-    let partitions = metadata
-        .topics()
-        .first()
-        .context("topic metadata")?
-        .partitions()
-        .len() as i32;
-    let mut assignment = TopicPartitionList::new();
-    for p in 0..partitions {
-        let (_, high) = probe.fetch_watermarks(&args.topic, p, Duration::from_secs(10))?;
-        assignment.add_partition_offset(&args.topic, p, Offset::Offset(high))?;
-    }
-    let consumer: StreamConsumer = config.create()?;
-    consumer.assign(&assignment)?;
-    let decoder = Registry::new(&args.registry, Duration::from_secs(5))?.event_decoder();
-    Ok(tokio::spawn(async move {
-        loop {
-            let Ok(m) = consumer.recv().await else {
-                continue;
-            };
-            let now = Instant::now();
-            if let Some(Ok(ChatEvent::MessageNew(e))) = match m.payload() {
-                Some(bytes) => Some(decoder.decode(bytes).await),
-                None => None,
-            } {
-                arrivals
-                    .lock()
-                    .await
-                    .entry((e.conversation_id, e.seq))
-                    .or_insert(now);
-            }
-        }
-    }))
-}
-
-async fn wait_for(
-    arrivals: &Arrivals,
-    key: (i64, i64),
-    limit: Duration,
-) -> anyhow::Result<Instant> {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(at) = arrivals.lock().await.get(&key) {
-            return Ok(*at);
-        }
-        if Instant::now() > deadline {
-            bail!("{key:?} not on the topic after {limit:?}");
-        }
-        tokio::time::sleep(Duration::from_micros(200)).await;
-    }
-}
-
-async fn create_group(http: &reqwest::Client, base: &str, token: &str) -> anyhow::Result<i64> {
-    let res = http
-        .post(format!("{base}/conversations"))
-        .bearer_auth(token)
-        .json(&json!({"type": "GROUP", "memberIds": []}))
-        .send()
-        .await?;
-    if res.status() != 201 {
-        bail!("creating a group: {}", res.status());
-    }
-    res.json::<serde_json::Value>().await?["conversationId"]
-        .as_i64()
-        .context("conversationId")
-}
-
-/// Sends one message; returns its seq and the moment the 201 (the commit) arrived.
-async fn send(
-    http: &reqwest::Client,
-    base: &str,
-    token: &str,
-    conv: i64,
-) -> anyhow::Result<(i64, Instant)> {
-    let res = http
-        .post(format!("{base}/conversations/{conv}/messages"))
-        .bearer_auth(token)
-        .json(&json!({"clientMsgId": uuid::Uuid::new_v4(), "body": "latency probe"}))
-        .send()
-        .await?;
-    let at = Instant::now();
-    if res.status() != 201 {
-        bail!(
-            "send: {} {}",
-            res.status(),
-            res.text().await.unwrap_or_default()
-        );
-    }
-    let seq = res.json::<serde_json::Value>().await?["seq"]
-        .as_i64()
-        .context("seq")?;
-    Ok((seq, at))
 }

@@ -6,6 +6,8 @@
 //! which is what `scripts/stack up` starts. If it cannot be reached, the test fails and
 //! says so: nothing here skips.
 
+pub mod bench;
+pub mod push;
 pub mod stream;
 
 use std::sync::atomic::{AtomicU32, Ordering};

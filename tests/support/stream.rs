@@ -95,6 +95,19 @@ pub async fn spawn_pipeline_with(reads: ReadMode) -> Pipeline {
     create_topic(&topic, 6).await;
     create_topic(&receipts_topic, 6).await;
     create_topic(&format!("{receipts_topic}.dlq"), 1).await;
+    create_topic(&format!("{topic}.dlq"), 1).await;
+    create_topic_with(
+        &format!("{ns}.chat.presence"),
+        3,
+        &[("cleanup.policy", "compact")],
+    )
+    .await;
+    create_topic(
+        &format!("{ns}.chat.deliveries"),
+        crate::push::DELIVERY_PARTITIONS,
+    )
+    .await;
+    create_topic(&format!("{ns}.chat.deliveries.dlq"), 1).await;
     let db: String = sqlx::query_scalar("SELECT current_database()")
         .fetch_one(&app.pool)
         .await
@@ -271,13 +284,21 @@ impl Drop for ReceiptsProcessor {
 }
 
 pub async fn create_topic(topic: &str, partitions: i32) {
+    create_topic_with(topic, partitions, &[]).await
+}
+
+pub async fn create_topic_with(topic: &str, partitions: i32, config: &[(&str, &str)]) {
+    let mut new_topic = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    for (k, v) in config {
+        new_topic = new_topic.set(k, v);
+    }
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", brokers())
         .create()
         .expect("Kafka admin client");
     let results = admin
         .create_topics(
-            &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
+            &[new_topic],
             &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
         )
         .await

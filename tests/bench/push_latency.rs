@@ -1,0 +1,400 @@
+//! Push latency and gateway memory on the real stack: REST commit -> Debezium ->
+//! chat.events -> fanout -> chat.deliveries -> gateway -> WebSocket frame, with thousands
+//! of connected clients. A measurement, not a test.
+//!
+//!   push-latency --connections 5000 --rate 200 --seconds 30
+//!
+//! Needs ingest-api, `pipeline fanout` and a gateway running on the stack (`scripts/demo`
+//! leaves them up). It connects `--connections` users (one WebSocket each) and measures
+//! the gateway's resident memory before and after: memory per idle connection. It then
+//! sends at `--rate` messages/s for `--seconds`, mixed: 70% in direct chats, 25% in
+//! groups of 10, 5% in groups of 300 (above the light threshold). For every frame it
+//! notes commit (the 201) -> frame read by the client. The baseline, measured in the same
+//! run, is commit -> the record on chat.events (the CDC leg every consumer pays): the
+//! ratio says what fanout and the gateway add.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use chatpipe_core::auth::TokenKeys;
+use chatpipe_core::UserId;
+use chatpipe_tests::bench::{create_direct, create_group, send, start_event_reader, Arrivals};
+use clap::Parser;
+use futures::StreamExt;
+use hdrhistogram::Histogram;
+use rand::Rng;
+use serde_json::json;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::Message;
+
+#[derive(Parser)]
+struct Args {
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    base: String,
+    #[arg(long, default_value = "ws://127.0.0.1:8090/ws")]
+    gateway: String,
+    /// The gateway's /metrics (connection count).
+    #[arg(long, default_value = "http://127.0.0.1:8090/metrics")]
+    gateway_metrics: String,
+    /// The fanout processor's /metrics (how many users it sees online).
+    #[arg(long, default_value = "http://127.0.0.1:9102/metrics")]
+    fanout_metrics: String,
+    /// The gateway's pid (default: the process named `gateway`).
+    #[arg(long)]
+    gateway_pid: Option<u32>,
+    #[arg(long, default_value = ".stack/jwt-secret")]
+    secret_file: String,
+    #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
+    brokers: String,
+    #[arg(
+        long,
+        env = "SCHEMA_REGISTRY_URL",
+        default_value = "http://127.0.0.1:8081/apis/ccompat/v7"
+    )]
+    registry: String,
+    #[arg(long, default_value = "chat.events")]
+    topic: String,
+    #[arg(long, default_value_t = 5000)]
+    connections: usize,
+    #[arg(long, default_value_t = 200)]
+    rate: u64,
+    #[arg(long, default_value_t = 30)]
+    seconds: u64,
+    #[arg(long, default_value = "target/bench/push-latency.json")]
+    out: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Kind {
+    Direct,
+    SmallGroup,
+    LargeGroup,
+}
+
+struct Conversation {
+    id: i64,
+    kind: Kind,
+    members: Vec<i64>,
+}
+
+/// Every frame the clients read: (conversation, seq, when).
+type Frames = Arc<Mutex<Vec<(i64, i64, Instant)>>>;
+/// Every message sent: (conversation, seq) -> (its 201, its kind, its members).
+type Sent = Arc<Mutex<HashMap<(i64, i64), (Instant, Kind, usize)>>>;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let secret =
+        std::fs::read_to_string(&args.secret_file).with_context(|| args.secret_file.clone())?;
+    let keys = TokenKeys::new(&secret.trim().to_owned().into(), Duration::ZERO)?;
+    let token = |u: i64| keys.issue(UserId::new(u).unwrap(), Duration::from_secs(3600));
+    let http = reqwest::Client::new();
+    let pid = match args.gateway_pid {
+        Some(pid) => pid,
+        None => find_pid("gateway")?,
+    };
+    let first = 3_000_000 + (chatpipe_core::auth::unix_now() % 1_000_000) as i64 * 10;
+    let users: Vec<i64> = (first..first + args.connections as i64).collect();
+
+    // Idle memory: RSS before and after every user connects.
+    let rss_before = rss_kib(pid)?;
+    let connections_before = gauge(&http, &args.gateway_metrics, "gateway_connections").await?;
+    let frames: Frames = Arc::default();
+    let started = Instant::now();
+    let clients: Vec<_> = futures::stream::iter(users.iter().map(|u| {
+        let (url, token, frames) = (args.gateway.clone(), token(*u), frames.clone());
+        async move { connect(&url, &token, frames).await }
+    }))
+    .buffer_unordered(200)
+    .collect::<Vec<_>>()
+    .await
+    .into_iter()
+    .collect::<anyhow::Result<_>>()?;
+    let connect_s = started.elapsed().as_secs_f64();
+    let want = connections_before + args.connections as f64;
+    poll(Duration::from_secs(30), || async {
+        Ok(gauge(&http, &args.gateway_metrics, "gateway_connections").await? >= want)
+    })
+    .await
+    .context("the gateway never counted every connection")?;
+    let rss_idle = rss_kib(pid)?;
+    let per_connection_kib = (rss_idle - rss_before) as f64 / args.connections as f64;
+    println!(
+        "{} connections in {connect_s:.1} s; gateway RSS {:.1} MiB -> {:.1} MiB: {per_connection_kib:.1} KiB per idle connection",
+        args.connections,
+        rss_before as f64 / 1024.0,
+        rss_idle as f64 / 1024.0
+    );
+    poll(Duration::from_secs(60), || async {
+        Ok(
+            gauge(&http, &args.fanout_metrics, "fanout_presence_online").await?
+                >= args.connections as f64,
+        )
+    })
+    .await
+    .context("the fanout processor never saw every user online (is `pipeline fanout` running?)")?;
+
+    // Conversations among the connected users.
+    let mut conversations = Vec::new();
+    for pair in users.chunks_exact(2).take(1000) {
+        let id = create_direct(&http, &args.base, &token(pair[0]), pair[1]).await?;
+        conversations.push(Conversation {
+            id,
+            kind: Kind::Direct,
+            members: pair.to_vec(),
+        });
+    }
+    for (size, count, kind) in [(10, 100, Kind::SmallGroup), (300, 4, Kind::LargeGroup)] {
+        for i in 0..count {
+            let start = (i * size * 7) % (users.len() - size);
+            let members = users[start..start + size].to_vec();
+            let id = create_group(&http, &args.base, &token(members[0]), &members[1..]).await?;
+            conversations.push(Conversation { id, kind, members });
+        }
+    }
+    let by_kind = |k: Kind| -> Vec<usize> {
+        (0..conversations.len())
+            .filter(|i| conversations[*i].kind == k)
+            .collect()
+    };
+    let (directs, smalls, larges) = (
+        by_kind(Kind::Direct),
+        by_kind(Kind::SmallGroup),
+        by_kind(Kind::LargeGroup),
+    );
+
+    // Traffic, and the baseline reader of chat.events.
+    let arrivals = Arrivals::default();
+    let reader =
+        start_event_reader(&args.brokers, &args.registry, &args.topic, arrivals.clone()).await?;
+    let conversations = Arc::new(conversations);
+    let sent: Sent = Arc::default();
+    let total = args.rate * args.seconds;
+    let mut ticker = tokio::time::interval(Duration::from_micros(1_000_000 / args.rate));
+    let limit = Arc::new(tokio::sync::Semaphore::new(64));
+    let mut tasks = Vec::new();
+    let mut rng = rand::rng();
+    for _ in 0..total {
+        ticker.tick().await;
+        let roll: f64 = rng.random();
+        let pool = if roll < 0.70 {
+            &directs
+        } else if roll < 0.95 {
+            &smalls
+        } else {
+            &larges
+        };
+        let i = pool[rng.random_range(0..pool.len())];
+        let sender = conversations[i].members[rng.random_range(0..conversations[i].members.len())];
+        let (http, base, token, sent, convs, permit) = (
+            http.clone(),
+            args.base.clone(),
+            token(sender),
+            sent.clone(),
+            conversations.clone(),
+            limit.clone().acquire_owned().await?,
+        );
+        tasks.push(tokio::spawn(async move {
+            let _permit = permit;
+            let c = &convs[i];
+            let (seq, at) = send(&http, &base, &token, c.id).await?;
+            sent.lock()
+                .unwrap()
+                .insert((c.id, seq), (at, c.kind, c.members.len()));
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let sending_s = started.elapsed().as_secs_f64();
+    let expected: usize = sent.lock().unwrap().values().map(|(_, _, n)| n).sum();
+    let _ = poll(Duration::from_secs(30), || async {
+        Ok(frames.lock().unwrap().len() >= expected)
+    })
+    .await;
+    reader.abort();
+
+    // Results.
+    let arrivals = arrivals.lock().await.clone();
+    let sent = sent.lock().unwrap();
+    let frames = frames.lock().unwrap();
+    let mut push: HashMap<Option<Kind>, Histogram<u64>> = HashMap::new();
+    let mut received = 0usize;
+    for (conv, seq, at) in frames.iter() {
+        if let Some((committed, kind, _)) = sent.get(&(*conv, *seq)) {
+            received += 1;
+            let micros = at.saturating_duration_since(*committed).as_micros().max(1) as u64;
+            for key in [None, Some(*kind)] {
+                push.entry(key)
+                    .or_insert_with(|| Histogram::new_with_bounds(1, 600_000_000, 3).unwrap())
+                    .record(micros)?;
+            }
+        }
+    }
+    let mut topic = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
+    for (key, (committed, _, _)) in sent.iter() {
+        if let Some(at) = arrivals.get(key) {
+            topic.record(at.saturating_duration_since(*committed).as_micros().max(1) as u64)?;
+        }
+    }
+    let rss_after = rss_kib(pid)?;
+    let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    let all = push.get(&None).context("no frame arrived")?;
+    println!(
+        "{} messages at {}/s over {:.1} s; {} of {} expected frames arrived ({} lost)",
+        sent.len(),
+        args.rate,
+        sending_s,
+        received,
+        expected,
+        expected.saturating_sub(received)
+    );
+    println!(
+        "baseline  commit -> chat.events:      p50 {:6.1} ms  p99 {:6.1} ms  ({} records)",
+        ms(&topic, 0.5),
+        ms(&topic, 0.99),
+        topic.len()
+    );
+    println!(
+        "push      commit -> WebSocket frame:  p50 {:6.1} ms  p99 {:6.1} ms  ({} frames)",
+        ms(all, 0.5),
+        ms(all, 0.99),
+        all.len()
+    );
+    for kind in [Kind::Direct, Kind::SmallGroup, Kind::LargeGroup] {
+        if let Some(h) = push.get(&Some(kind)) {
+            println!(
+                "  {kind:?}: p50 {:6.1} ms  p99 {:6.1} ms  ({} frames)",
+                ms(h, 0.5),
+                ms(h, 0.99),
+                h.len()
+            );
+        }
+    }
+    println!(
+        "ratio push/baseline: p50 {:.2}x  p99 {:.2}x  (fanout + gateway add {:.1} ms at p50)",
+        ms(all, 0.5) / ms(&topic, 0.5),
+        ms(all, 0.99) / ms(&topic, 0.99),
+        ms(all, 0.5) - ms(&topic, 0.5)
+    );
+    println!(
+        "gateway RSS after traffic: {:.1} MiB",
+        rss_after as f64 / 1024.0
+    );
+    let report = json!({
+        "benchmark": "push-latency",
+        "connections": args.connections,
+        "connect_s": connect_s,
+        "gateway_rss_kib": {"before": rss_before, "idle": rss_idle, "after_traffic": rss_after},
+        "kib_per_idle_connection": per_connection_kib,
+        "messages": sent.len(), "rate": args.rate,
+        "frames": {"expected": expected, "received": received},
+        "baseline_commit_to_topic_ms": {"p50": ms(&topic, 0.5), "p99": ms(&topic, 0.99)},
+        "push_commit_to_frame_ms": {"p50": ms(all, 0.5), "p99": ms(all, 0.99), "max": all.max() as f64 / 1000.0},
+        "ratio_p50": ms(all, 0.5) / ms(&topic, 0.5),
+        "ratio_p99": ms(all, 0.99) / ms(&topic, 0.99),
+        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+    });
+    if let Some(dir) = std::path::Path::new(&args.out).parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&args.out, serde_json::to_vec_pretty(&report)?)?;
+    drop(clients);
+    Ok(())
+}
+
+/// Connects one client whose task notes every message.new frame it reads.
+async fn connect(
+    url: &str,
+    token: &str,
+    frames: Frames,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let mut request = url.into_client_request()?;
+    request
+        .headers_mut()
+        .insert("authorization", format!("Bearer {token}").parse()?);
+    let (mut ws, _) = tokio_tungstenite::connect_async(request)
+        .await
+        .with_context(|| format!("connecting to {url}"))?;
+    Ok(tokio::spawn(async move {
+        while let Some(Ok(frame)) = ws.next().await {
+            if let Message::Text(text) = frame {
+                let at = Instant::now();
+                let v: serde_json::Value = match serde_json::from_str(&text) {
+                    Ok(v) => v,
+                    Err(_) => continue,
+                };
+                if v["type"] == "message.new" {
+                    if let (Some(c), Some(s)) = (v["conversationId"].as_i64(), v["seq"].as_i64()) {
+                        frames.lock().unwrap().push((c, s, at));
+                    }
+                }
+            }
+        }
+    }))
+}
+
+async fn poll<F, Fut>(limit: Duration, mut done: F) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<bool>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if done().await? {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("not done after {limit:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A gauge's value from a Prometheus text page (0 when absent).
+async fn gauge(http: &reqwest::Client, url: &str, name: &str) -> anyhow::Result<f64> {
+    let page = http
+        .get(url)
+        .send()
+        .await
+        .with_context(|| format!("reading {url}"))?
+        .text()
+        .await?;
+    Ok(page
+        .lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
+fn rss_kib(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("reading /proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("VmRSS")
+}
+
+fn find_pid(name: &str) -> anyhow::Result<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc")? {
+        let entry = entry?;
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if std::fs::read_to_string(entry.path().join("comm")).is_ok_and(|c| c.trim() == name) {
+            found.push(pid);
+        }
+    }
+    match found.as_slice() {
+        [pid] => Ok(*pid),
+        [] => bail!("no process named {name}: start the gateway, or pass --gateway-pid"),
+        _ => bail!("several processes named {name} ({found:?}): pass --gateway-pid"),
+    }
+}

@@ -1,0 +1,153 @@
+//! The gateway binary killed with SIGKILL and started again: its users' presence lapses
+//! with the lease, clients reconnect, catch up over REST, and no seq is missed.
+
+use std::collections::BTreeSet;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use chatpipe_tests::push::{Seen, WsClient};
+use chatpipe_tests::stream::{brokers, spawn_pipeline, Pipeline};
+use chatpipe_tests::{registry_url, JWT_SECRET};
+
+use crate::{is_message, PRESENCE_DEADLINE, PUSH_DEADLINE};
+
+fn gateway_bin() -> String {
+    std::env::var("CHATPIPE_GATEWAY_BIN").unwrap_or_else(|_| {
+        panic!("CHATPIPE_GATEWAY_BIN is not set: build the gateway (`cargo build -p gateway`) and point it at target/debug/gateway, as scripts/test does")
+    })
+}
+
+fn spawn_gateway(p: &Pipeline, addr: &str) -> Child {
+    let s = p.gateway_settings("proc", 1);
+    Command::new(gateway_bin())
+        .env("GATEWAY_ADDR", addr)
+        .env("GATEWAY_ID", &s.gateway.id)
+        .env("JWT_SECRET", JWT_SECRET)
+        .env("KAFKA_BROKERS", brokers())
+        .env("SCHEMA_REGISTRY_URL", registry_url())
+        .env("CHATPIPE_PRESENCE__TOPIC", &s.presence.topic)
+        .env(
+            "CHATPIPE_PRESENCE__LEASE_MS",
+            s.presence.lease_ms.to_string(),
+        )
+        .env(
+            "CHATPIPE_PRESENCE__RENEW_MS",
+            s.presence.renew_ms.to_string(),
+        )
+        .env("CHATPIPE_DELIVERIES__TOPIC", &s.deliveries.topic)
+        .env(
+            "CHATPIPE_DELIVERIES__PARTITION",
+            s.deliveries.partition.to_string(),
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("starting the gateway binary")
+}
+
+/// Connects as a client would after a disconnect: retry with backoff until the gateway
+/// answers.
+async fn reconnect(url: &str, token: &str) -> WsClient {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match WsClient::try_connect(url, token).await {
+            Ok(ws) => return ws,
+            Err(err) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the gateway never came back: {err}"
+                );
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_millis(500));
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_gateway_killed_and_restarted_loses_no_seq_for_its_clients() {
+    let p = spawn_pipeline().await;
+    let fanout = p.start_fanout(p.fanout_settings());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let url = format!("ws://{addr}/ws");
+    let (alice, bob) = (1, 2);
+    let conversation = p.app.user(alice).create_group(&[bob]).await;
+    let token = p.app.token(bob);
+    let mut have = BTreeSet::new();
+
+    let mut gateway = spawn_gateway(&p, &addr);
+    let mut ws = reconnect(&url, &token).await;
+    fanout.wait_online(&[bob], PRESENCE_DEADLINE).await;
+    for i in 1..=3 {
+        let seq = p
+            .app
+            .user(alice)
+            .send_message(conversation, &format!("m{i}"))
+            .await;
+        ws.until(PUSH_DEADLINE, is_message(conversation, seq)).await;
+        have.insert(seq);
+    }
+
+    gateway.kill().expect("SIGKILL the gateway");
+    gateway.wait().unwrap();
+    match ws.next(PUSH_DEADLINE).await {
+        Some(Seen::Closed(_)) => {}
+        other => panic!("the connection outlived its gateway: {other:?}"),
+    }
+    for i in 4..=6 {
+        p.app
+            .user(alice)
+            .send_message(conversation, &format!("m{i}"))
+            .await;
+    }
+    // Nobody said goodbye: bob stops counting when his lease (3 s) runs out.
+    fanout.wait_offline(&[bob], Duration::from_secs(15)).await;
+
+    let mut gateway = spawn_gateway(&p, &addr);
+    let mut ws = reconnect(&url, &token).await;
+    // Catch up as docs/protocol.md says: the inbox, then afterSeq from the last seq held.
+    let inbox = p.app.user(bob).get("/inbox").await.expect(200);
+    let last_seq = inbox["conversations"][0]["lastSeq"].as_i64().unwrap();
+    assert_eq!(last_seq, 6, "{inbox}");
+    let after = *have.last().unwrap();
+    let page = p
+        .app
+        .user(bob)
+        .get(&format!(
+            "/conversations/{conversation}/messages?afterSeq={after}"
+        ))
+        .await
+        .expect(200);
+    for m in page["messages"].as_array().unwrap() {
+        have.insert(m["seq"].as_i64().unwrap());
+    }
+    fanout.wait_online(&[bob], PRESENCE_DEADLINE).await;
+    for i in 7..=9 {
+        let seq = p
+            .app
+            .user(alice)
+            .send_message(conversation, &format!("m{i}"))
+            .await;
+        let (_, earlier) = ws.until(PUSH_DEADLINE, is_message(conversation, seq)).await;
+        for f in earlier {
+            if let Some(s) = f["seq"].as_i64() {
+                have.insert(s);
+            }
+        }
+        have.insert(seq);
+    }
+    assert_eq!(
+        have,
+        (1..=9).collect::<BTreeSet<i64>>(),
+        "a seq went missing"
+    );
+    gateway.kill().unwrap();
+    gateway.wait().unwrap();
+    p.cleanup().await;
+}

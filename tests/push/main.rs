@@ -1,0 +1,166 @@
+//! The push path on the real stack: REST -> PostgreSQL -> Debezium -> chat.events ->
+//! fanout (members + presence) -> chat.deliveries -> gateway -> a real WebSocket client.
+
+mod gateway_restart;
+mod slow_client;
+
+use std::time::Duration;
+
+use chatpipe_tests::push::Seen;
+use chatpipe_tests::stream::spawn_pipeline;
+use serde_json::Value;
+
+/// How long a push may take end to end before a test gives up (CDC included).
+pub const PUSH_DEADLINE: Duration = Duration::from_secs(20);
+/// How long presence may take to reach the fanout processor.
+pub const PRESENCE_DEADLINE: Duration = Duration::from_secs(20);
+
+fn is_message(conversation: i64, seq: i64) -> impl Fn(&Value) -> bool {
+    move |f| f["type"] == "message.new" && f["conversationId"] == conversation && f["seq"] == seq
+}
+
+#[tokio::test]
+async fn a_message_reaches_the_other_member_and_a_read_reaches_the_senders_devices() {
+    let p = spawn_pipeline().await;
+    let _fanout = p.start_fanout(p.fanout_settings());
+    let gw = p.start_gateway(p.gateway_settings("gw", 0)).await;
+    let (alice, bob) = (1, 2);
+    let conversation = p.app.user(alice).create_group(&[bob]).await;
+    let mut alice_phone = p.connect(&gw.url, alice).await;
+    let mut alice_laptop = p.connect(&gw.url, alice).await;
+    let mut bob_ws = p.connect(&gw.url, bob).await;
+    _fanout.wait_online(&[alice, bob], PRESENCE_DEADLINE).await;
+
+    let seq = p
+        .app
+        .user(alice)
+        .send_message(conversation, "hello bob")
+        .await;
+    let (frame, _) = bob_ws
+        .until(PUSH_DEADLINE, is_message(conversation, seq))
+        .await;
+    assert_eq!(frame["body"], "hello bob");
+    assert_eq!(frame["senderId"], alice);
+    assert!(
+        frame.get("light").is_none(),
+        "a small group gets the body: {frame}"
+    );
+    // The sender's devices get it too (multi-device sync).
+    alice_phone
+        .until(PUSH_DEADLINE, is_message(conversation, seq))
+        .await;
+    alice_laptop
+        .until(PUSH_DEADLINE, is_message(conversation, seq))
+        .await;
+
+    p.app.user(bob).mark_read(conversation, seq).await;
+    for device in [&mut alice_phone, &mut alice_laptop] {
+        let (read, _) = device
+            .until(PUSH_DEADLINE, |f| f["type"] == "read.updated")
+            .await;
+        assert_eq!(read["conversationId"], conversation);
+        assert_eq!(read["userId"], bob);
+        assert_eq!(read["lastReadSeq"], seq);
+    }
+    gw.stop().await.unwrap();
+    p.cleanup().await;
+}
+
+#[tokio::test]
+async fn every_device_of_a_member_gets_the_push_and_a_non_member_gets_nothing() {
+    let p = spawn_pipeline().await;
+    let fanout = p.start_fanout(p.fanout_settings());
+    let gw = p.start_gateway(p.gateway_settings("gw", 0)).await;
+    let (member, other, outsider) = (10, 11, 99);
+    let secret = p.app.user(other).create_group(&[member]).await;
+    // The outsider shares another conversation with `other`: the marker below.
+    let marker = p.app.user(other).create_group(&[outsider]).await;
+    let mut phone = p.connect(&gw.url, member).await;
+    let mut laptop = p.connect(&gw.url, member).await;
+    let mut stranger = p.connect(&gw.url, outsider).await;
+    fanout
+        .wait_online(&[member, outsider], PRESENCE_DEADLINE)
+        .await;
+
+    let seq = p.app.user(other).send_message(secret, "for members").await;
+    for device in [&mut phone, &mut laptop] {
+        let (frame, _) = device.until(PUSH_DEADLINE, is_message(secret, seq)).await;
+        assert_eq!(frame["body"], "for members");
+    }
+    // The gateway pushed `secret` before it read the marker's list (one partition, read
+    // in order; the marker was sent after the members had the push), so whatever the
+    // outsider was sent about `secret` would arrive before the marker.
+    let marker_seq = p.app.user(other).send_message(marker, "marker").await;
+    let (_, before) = stranger
+        .until(PUSH_DEADLINE, is_message(marker, marker_seq))
+        .await;
+    assert!(
+        before.iter().all(|f| f["conversationId"] != secret),
+        "a non-member saw {before:?}"
+    );
+    gw.stop().await.unwrap();
+    p.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_1000_member_group_pushes_light_to_its_50_online_members_and_the_rest_catch_up() {
+    let p = spawn_pipeline().await;
+    let fanout = p.start_fanout(p.fanout_settings());
+    let gw = p.start_gateway(p.gateway_settings("gw", 0)).await;
+    let sender = 1;
+    let members: Vec<i64> = (2..=1000).collect();
+    let group = p.app.user(sender).create_group(&members).await;
+    let online: Vec<i64> = (2..=51).collect();
+    let mut clients = Vec::new();
+    for user in &online {
+        clients.push((*user, p.connect(&gw.url, *user).await));
+    }
+    fanout.wait_online(&online, PRESENCE_DEADLINE).await;
+
+    let seq = p.app.user(sender).send_message(group, "big news").await;
+    for (user, ws) in &mut clients {
+        let (frame, _) = ws.until(PUSH_DEADLINE, is_message(group, seq)).await;
+        assert_eq!(frame["light"], true, "user {user}: {frame}");
+        assert!(
+            frame.get("body").is_none() && frame.get("senderId").is_none(),
+            "a light push carries only conversationId and seq: {frame}"
+        );
+    }
+    // An offline member catches up: the inbox shows the news, afterSeq brings the body.
+    let offline = 500;
+    let inbox = p.app.user(offline).get("/inbox").await.expect(200);
+    let entry = inbox["conversations"]
+        .as_array()
+        .expect("conversations")
+        .iter()
+        .find(|c| c["conversationId"] == group)
+        .cloned()
+        .unwrap_or_else(|| panic!("the group is in the inbox: {inbox}"));
+    assert_eq!(entry["unreadCount"], 1, "{entry}");
+    let page = p
+        .app
+        .user(offline)
+        .get(&format!("/conversations/{group}/messages?afterSeq=0"))
+        .await
+        .expect(200);
+    assert_eq!(page["messages"][0]["body"], "big news", "{page}");
+    gw.stop().await.unwrap();
+    p.cleanup().await;
+}
+
+/// Every frame a client sees until its connection closes (`None` if still open at the
+/// deadline).
+pub async fn frames_until_closed(
+    ws: &mut chatpipe_tests::push::WsClient,
+    deadline: Duration,
+) -> (Vec<Value>, Option<Seen>) {
+    let until = std::time::Instant::now() + deadline;
+    let mut frames = Vec::new();
+    loop {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        match ws.next(left).await {
+            Some(Seen::Frame(f)) => frames.push(f),
+            other => return (frames, other),
+        }
+    }
+}

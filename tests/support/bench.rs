@@ -1,0 +1,161 @@
+//! What the benchmark binaries share: REST calls that time the commit, and a reader of
+//! chat.events that notes when each message lands there.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use chatpipe_schemas::registry::Registry;
+use chatpipe_schemas::ChatEvent;
+use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use serde_json::json;
+use tokio::sync::Mutex;
+
+/// When each (conversation, seq) was read from chat.events.
+pub type Arrivals = Arc<Mutex<HashMap<(i64, i64), Instant>>>;
+
+/// Reads `topic` from its current end (assigned explicitly, so nothing sent after this
+/// returns can be missed) and notes when each message.new arrives.
+pub async fn start_event_reader(
+    brokers: &str,
+    registry: &str,
+    topic: &str,
+    arrivals: Arrivals,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let config = {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", brokers)
+            .set("group.id", format!("bench-{}", uuid::Uuid::new_v4()))
+            .set("enable.auto.commit", "false")
+            .set("fetch.wait.max.ms", "5");
+        c
+    };
+    let probe: BaseConsumer = config.create()?;
+    let metadata = probe.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    let partitions = metadata
+        .topics()
+        .first()
+        .context("topic metadata")?
+        .partitions()
+        .len() as i32;
+    let mut assignment = TopicPartitionList::new();
+    for p in 0..partitions {
+        let (_, high) = probe.fetch_watermarks(topic, p, Duration::from_secs(10))?;
+        assignment.add_partition_offset(topic, p, Offset::Offset(high))?;
+    }
+    let consumer: StreamConsumer = config.create()?;
+    consumer.assign(&assignment)?;
+    let decoder = Registry::new(registry, Duration::from_secs(5))?.event_decoder();
+    Ok(tokio::spawn(async move {
+        loop {
+            let Ok(m) = consumer.recv().await else {
+                continue;
+            };
+            let now = Instant::now();
+            if let Some(Ok(ChatEvent::MessageNew(e))) = match m.payload() {
+                Some(bytes) => Some(decoder.decode(bytes).await),
+                None => None,
+            } {
+                arrivals
+                    .lock()
+                    .await
+                    .entry((e.conversation_id, e.seq))
+                    .or_insert(now);
+            }
+        }
+    }))
+}
+
+/// Waits until `key` has arrived; when it did.
+pub async fn wait_for(
+    arrivals: &Arrivals,
+    key: (i64, i64),
+    limit: Duration,
+) -> anyhow::Result<Instant> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(at) = arrivals.lock().await.get(&key) {
+            return Ok(*at);
+        }
+        if Instant::now() > deadline {
+            bail!("{key:?} not on the topic after {limit:?}");
+        }
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+}
+
+/// POSTs `body` to `path` (`/conversations` or `/direct`); returns the conversation id.
+async fn create_conversation(
+    http: &reqwest::Client,
+    base: &str,
+    path: &str,
+    token: &str,
+    body: serde_json::Value,
+) -> anyhow::Result<i64> {
+    let res = http
+        .post(format!("{base}{path}"))
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await?;
+    if res.status() != 201 && res.status() != 200 {
+        bail!(
+            "creating a conversation: {} {}",
+            res.status(),
+            res.text().await.unwrap_or_default()
+        );
+    }
+    res.json::<serde_json::Value>().await?["conversationId"]
+        .as_i64()
+        .context("conversationId")
+}
+
+/// Creates a group of the caller and `members`; returns its id.
+pub async fn create_group(
+    http: &reqwest::Client,
+    base: &str,
+    token: &str,
+    members: &[i64],
+) -> anyhow::Result<i64> {
+    let body = json!({"type": "GROUP", "memberIds": members});
+    create_conversation(http, base, "/conversations", token, body).await
+}
+
+/// The direct conversation of the caller and `peer`; returns its id.
+pub async fn create_direct(
+    http: &reqwest::Client,
+    base: &str,
+    token: &str,
+    peer: i64,
+) -> anyhow::Result<i64> {
+    create_conversation(http, base, "/direct", token, json!({"peerId": peer})).await
+}
+
+/// Sends one message; returns its seq and the moment the 201 (the commit) arrived.
+pub async fn send(
+    http: &reqwest::Client,
+    base: &str,
+    token: &str,
+    conv: i64,
+) -> anyhow::Result<(i64, Instant)> {
+    let res = http
+        .post(format!("{base}/conversations/{conv}/messages"))
+        .bearer_auth(token)
+        .json(&json!({"clientMsgId": uuid::Uuid::new_v4(), "body": "latency probe"}))
+        .send()
+        .await?;
+    let at = Instant::now();
+    if res.status() != 201 {
+        bail!(
+            "send: {} {}",
+            res.status(),
+            res.text().await.unwrap_or_default()
+        );
+    }
+    let seq = res.json::<serde_json::Value>().await?["seq"]
+        .as_i64()
+        .context("seq")?;
+    Ok((seq, at))
+}

@@ -1,0 +1,274 @@
+//! Push-path harness: a fanout processor and gateways for a test's namespace, and a
+//! WebSocket client. Topics `<ns>.chat.presence` (compacted) and `<ns>.chat.deliveries`
+//! (one partition per gateway) are created by [`crate::stream::spawn_pipeline`].
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::{SinkExt, StreamExt};
+use serde_json::Value;
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+use crate::stream::{brokers, Pipeline};
+use crate::{registry_url, JWT_SECRET};
+
+/// Partitions of `<ns>.chat.deliveries`: gateways in one test use distinct ones.
+pub const DELIVERY_PARTITIONS: i32 = 2;
+
+impl Pipeline {
+    pub fn presence_topic(&self) -> String {
+        format!("{}.chat.presence", self.ns)
+    }
+
+    pub fn deliveries_topic(&self) -> String {
+        format!("{}.chat.deliveries", self.ns)
+    }
+
+    /// Settings for a fanout processor of this namespace.
+    pub fn fanout_settings(&self) -> pipeline::settings::Settings {
+        let mut s = self.receipts_settings();
+        s.fanout.events_topic = self.topic.clone();
+        s.fanout.group = format!("{}-fanout", self.ns);
+        s.fanout.presence_topic = self.presence_topic();
+        s.fanout.deliveries_topic = self.deliveries_topic();
+        s
+    }
+
+    /// Runs a fanout processor in this process until the handle is dropped.
+    pub fn start_fanout(&self, settings: pipeline::settings::Settings) -> FanoutProcessor {
+        chatpipe_core::telemetry::init_logging();
+        let stop = Arc::new(AtomicBool::new(false));
+        let status = Arc::new(pipeline::fanout::Status::default());
+        let (flag, st) = (stop.clone(), status.clone());
+        let thread = std::thread::spawn(move || pipeline::fanout::run(&settings, flag, st));
+        FanoutProcessor {
+            stop,
+            status,
+            thread: Some(thread),
+        }
+    }
+
+    /// Settings for gateway `id` reading `partition` of this namespace's deliveries, with
+    /// short presence leases (3 s, renewed every second).
+    pub fn gateway_settings(&self, id: &str, partition: i32) -> gateway::Settings {
+        let mut s = gateway::Settings::load(None).expect("gateway defaults");
+        s.http.addr = "127.0.0.1:0".parse().unwrap();
+        s.gateway.id = format!("{}-{id}", self.ns);
+        s.auth.jwt_secret = Some(JWT_SECRET.to_owned().into());
+        s.kafka.brokers = brokers();
+        s.registry.url = registry_url();
+        s.presence.topic = self.presence_topic();
+        s.presence.lease_ms = 3_000;
+        s.presence.renew_ms = 1_000;
+        s.deliveries.topic = self.deliveries_topic();
+        s.deliveries.partition = partition;
+        s
+    }
+
+    /// Runs a gateway in this process on a free port.
+    pub async fn start_gateway(&self, settings: gateway::Settings) -> RunningGateway {
+        let listener = gateway::listener(&settings).expect("binding the gateway");
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(gateway::run(settings, listener, async move {
+            let _ = stopped.await;
+        }));
+        RunningGateway {
+            url: format!("ws://{addr}/ws"),
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    /// Connects `user` to the gateway at `url`.
+    pub async fn connect(&self, url: &str, user: i64) -> WsClient {
+        WsClient::connect(url, &self.app.token(user)).await
+    }
+}
+
+/// A fanout processor on a thread of this test.
+pub struct FanoutProcessor {
+    stop: Arc<AtomicBool>,
+    pub status: Arc<pipeline::fanout::Status>,
+    thread: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl FanoutProcessor {
+    /// Waits until the processor's presence table shows every one of `users` online
+    /// (their gateway published it, and the processor read it).
+    pub async fn wait_online(&self, users: &[i64], deadline: Duration) {
+        let until = Instant::now() + deadline;
+        loop {
+            let seen = self.status.online_among(users);
+            if seen == users.len() {
+                return;
+            }
+            assert!(
+                Instant::now() < until,
+                "fanout sees {seen} of {} users online after {deadline:?}",
+                users.len()
+            );
+            assert!(self.is_running(), "the fanout processor stopped");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits until none of `users` counts as online any more.
+    pub async fn wait_offline(&self, users: &[i64], deadline: Duration) {
+        let until = Instant::now() + deadline;
+        while self.status.online_among(users) > 0 {
+            assert!(
+                Instant::now() < until,
+                "users still online after {deadline:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
+}
+
+impl Drop for FanoutProcessor {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A gateway on a task of this test.
+pub struct RunningGateway {
+    pub url: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl RunningGateway {
+    /// Stops it as SIGTERM would, and waits until it has.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        let _ = self.stop.take().expect("running").send(());
+        (&mut self.task).await?
+    }
+}
+
+impl Drop for RunningGateway {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// A WebSocket client of the gateway.
+pub struct WsClient {
+    ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
+}
+
+/// What a client saw last.
+#[derive(Debug)]
+pub enum Seen {
+    Frame(Value),
+    Closed(Option<CloseFrame>),
+}
+
+impl WsClient {
+    pub async fn connect(url: &str, token: &str) -> Self {
+        Self::try_connect(url, token)
+            .await
+            .unwrap_or_else(|e| panic!("connecting to {url}: {e}"))
+    }
+
+    /// A client whose socket receive buffer is `bytes`: one that stops reading stalls
+    /// the server's writes almost at once.
+    pub async fn connect_with_recv_buffer(url: &str, token: &str, bytes: u32) -> Self {
+        let mut request = url.into_client_request().unwrap();
+        request
+            .headers_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        let host = request.uri().authority().unwrap().as_str().to_owned();
+        let addr = tokio::net::lookup_host(&host)
+            .await
+            .unwrap()
+            .next()
+            .unwrap();
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(bytes).unwrap();
+        let stream = socket.connect(addr).await.unwrap();
+        let (ws, _) = tokio_tungstenite::client_async(request, MaybeTlsStream::Plain(stream))
+            .await
+            .expect("upgrade");
+        Self { ws }
+    }
+
+    pub async fn try_connect(url: &str, token: &str) -> anyhow::Result<Self> {
+        let mut request = url.into_client_request()?;
+        request
+            .headers_mut()
+            .insert("authorization", format!("Bearer {token}").parse()?);
+        let (ws, _) = tokio_tungstenite::connect_async(request).await?;
+        Ok(Self { ws })
+    }
+
+    /// The next JSON frame or close, answering pings; None at the deadline.
+    pub async fn next(&mut self, deadline: Duration) -> Option<Seen> {
+        let until = tokio::time::Instant::now() + deadline;
+        loop {
+            let frame = tokio::time::timeout_at(until, self.ws.next()).await.ok()?;
+            match frame {
+                Some(Ok(Message::Text(t))) => {
+                    return Some(Seen::Frame(
+                        serde_json::from_str(&t).expect("frames are JSON"),
+                    ))
+                }
+                Some(Ok(Message::Close(reason))) => return Some(Seen::Closed(reason)),
+                Some(Ok(Message::Ping(p))) => {
+                    let _ = self.ws.send(Message::Pong(p)).await;
+                }
+                Some(Ok(_)) => {}
+                Some(Err(_)) | None => return Some(Seen::Closed(None)),
+            }
+        }
+    }
+
+    /// The next frame, failing the test at the deadline or on a close.
+    pub async fn frame(&mut self, deadline: Duration) -> Value {
+        match self.next(deadline).await {
+            Some(Seen::Frame(v)) => v,
+            Some(Seen::Closed(reason)) => panic!("closed instead of a frame: {reason:?}"),
+            None => panic!("no frame within {deadline:?}"),
+        }
+    }
+
+    /// Frames until one matches `want` (returned with those before it).
+    pub async fn until(
+        &mut self,
+        deadline: Duration,
+        want: impl Fn(&Value) -> bool,
+    ) -> (Value, Vec<Value>) {
+        let until = Instant::now() + deadline;
+        let mut before = Vec::new();
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            let frame = match self.next(left).await {
+                Some(Seen::Frame(v)) => v,
+                other => panic!("waiting for a frame: {other:?}; saw {before:?}"),
+            };
+            if want(&frame) {
+                return (frame, before);
+            }
+            before.push(frame);
+        }
+    }
+
+    pub async fn close(mut self) {
+        let _ = self.ws.close(None).await;
+    }
+}
