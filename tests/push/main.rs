@@ -1,6 +1,7 @@
 //! The push path on the real stack: REST -> PostgreSQL -> Debezium -> chat.events ->
 //! fanout (members + presence) -> chat.deliveries -> gateway -> a real WebSocket client.
 
+mod bad_records;
 mod gateway_restart;
 mod slow_client;
 
@@ -126,6 +127,27 @@ async fn a_1000_member_group_pushes_light_to_its_50_online_members_and_the_rest_
             "a light push carries only conversationId and seq: {frame}"
         );
     }
+    // A read in a large group: the reader's devices get it in full, the other online
+    // members one light, coalesced frame.
+    let (reader, other) = (clients[0].0, clients[1].0);
+    p.app.user(reader).mark_read(group, seq).await;
+    let (full, _) = clients[0]
+        .1
+        .until(PUSH_DEADLINE, |f| f["type"] == "read.updated")
+        .await;
+    assert_eq!(
+        (full["userId"].as_i64(), full["lastReadSeq"].as_i64()),
+        (Some(reader), Some(seq))
+    );
+    assert!(full.get("light").is_none(), "{full}");
+    let (light, _) = clients[1]
+        .1
+        .until(PUSH_DEADLINE, |f| f["type"] == "read.updated")
+        .await;
+    assert_eq!(light["light"], true, "user {other}: {light}");
+    assert_eq!(light["lastReadSeq"], seq);
+    assert!(light.get("userId").is_none(), "{light}");
+
     // An offline member catches up: the inbox shows the news, afterSeq brings the body.
     let offline = 500;
     let inbox = p.app.user(offline).get("/inbox").await.expect(200);

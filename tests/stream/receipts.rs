@@ -7,7 +7,7 @@ use chatpipe_schemas::receipt::{ReadReceipt, ReceiptCodec};
 use chatpipe_schemas::registry::Registry;
 use chatpipe_schemas::ChatEvent;
 use chatpipe_tests::stream::{
-    produce_raw, spawn_pipeline_with, wait_until_consumed, Pipeline, Record,
+    dlq_records, produce_raw, spawn_pipeline_with, wait_until_consumed, Pipeline, Record,
 };
 use chatpipe_tests::{registry_url, TestApp};
 use ingest_api::configuration::ReadMode;
@@ -213,45 +213,6 @@ async fn a_garbage_record_goes_to_the_dead_letter_topic_and_later_receipts_still
     }
     processor.stop().unwrap();
     p.cleanup().await;
-}
-
-/// (key, value, headers) of the first `n` records of a topic.
-async fn dlq_records(topic: &str, n: usize) -> Vec<(String, Vec<u8>, Vec<(String, String)>)> {
-    use rdkafka::consumer::{Consumer, StreamConsumer};
-    use rdkafka::message::{Headers, Message};
-    let consumer: StreamConsumer = chatpipe_core::kafka::consumer_config(
-        &chatpipe_tests::stream::brokers(),
-        &format!("{topic}-check"),
-    )
-    .create()
-    .unwrap();
-    consumer.subscribe(&[topic]).unwrap();
-    let mut out = Vec::new();
-    while out.len() < n {
-        let m = tokio::time::timeout(Duration::from_secs(30), consumer.recv())
-            .await
-            .unwrap_or_else(|_| panic!("only {} records on {topic}", out.len()))
-            .unwrap();
-        let headers = m
-            .headers()
-            .map(|hs| {
-                hs.iter()
-                    .map(|h| {
-                        (
-                            h.key.to_owned(),
-                            String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        out.push((
-            String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
-            m.payload().unwrap_or_default().to_vec(),
-            headers,
-        ));
-    }
-    out
 }
 
 /// `pipeline receipts` as a process of its own, configured for this namespace.

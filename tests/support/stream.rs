@@ -539,6 +539,61 @@ pub async fn produce_raw(topic: &str, key: &str, payload: &[u8]) {
         .unwrap_or_else(|(e, _)| panic!("producing to {topic}: {e}"));
 }
 
+/// Produces raw bytes to one partition of a topic, waiting for the broker's ack.
+pub async fn produce_raw_to(topic: &str, partition: i32, key: &str, payload: &[u8]) {
+    let producer: rdkafka::producer::FutureProducer =
+        chatpipe_core::kafka::producer_config(&brokers())
+            .create()
+            .expect("Kafka producer");
+    producer
+        .send(
+            rdkafka::producer::FutureRecord::to(topic)
+                .partition(partition)
+                .key(key)
+                .payload(payload),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap_or_else(|(e, _)| panic!("producing to {topic}/{partition}: {e}"));
+}
+
+/// (key, value, headers) of the first `n` records of a topic.
+pub async fn dlq_records(topic: &str, n: usize) -> Vec<(String, Vec<u8>, Vec<(String, String)>)> {
+    use rdkafka::consumer::{Consumer, StreamConsumer};
+    use rdkafka::message::{Headers, Message};
+    let consumer: StreamConsumer =
+        chatpipe_core::kafka::consumer_config(&brokers(), &format!("{topic}-check"))
+            .create()
+            .unwrap();
+    consumer.subscribe(&[topic]).unwrap();
+    let mut out = Vec::new();
+    while out.len() < n {
+        let m = tokio::time::timeout(Duration::from_secs(30), consumer.recv())
+            .await
+            .unwrap_or_else(|_| panic!("only {} records on {topic}", out.len()))
+            .unwrap();
+        let headers = m
+            .headers()
+            .map(|hs| {
+                hs.iter()
+                    .map(|h| {
+                        (
+                            h.key.to_owned(),
+                            String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.push((
+            String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
+            m.payload().unwrap_or_default().to_vec(),
+            headers,
+        ));
+    }
+    out
+}
+
 /// Partitions of `topic` where `group`'s committed offset is behind the end: (partition,
 /// committed, end).
 pub fn behind(group: &str, topic: &str) -> Vec<(i32, i64, i64)> {
