@@ -11,6 +11,9 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 
 use crate::sessions::Sessions;
 
+/// Renewals per `renew` interval; each renews the users whose id falls in its slice.
+const RENEW_SLICES: i64 = 10;
+
 pub struct Publisher {
     pub producer: FutureProducer,
     pub codec: PresenceCodec,
@@ -22,10 +25,17 @@ pub struct Publisher {
 }
 
 impl Publisher {
-    /// Publishes changes as they happen and renews every lease, until `shutdown`; then
-    /// publishes the last changes (the tombstones of the sessions closed by the stop).
-    pub async fn run(&self, sessions: Sessions, shutdown: impl std::future::Future<Output = ()>) {
-        let mut renew = tokio::time::interval(self.renew);
+    /// Publishes changes as they happen and renews every lease once per `renew`, until
+    /// `shutdown`. Renewals are spread: each of `RENEW_SLICES` ticks per `renew` renews
+    /// the users of one slice, so thousands of users never become one burst of records
+    /// (which would hold up pushes here and in fanout).
+    pub async fn run(
+        &self,
+        sessions: Sessions,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) {
+        let mut renew = tokio::time::interval(self.renew / RENEW_SLICES as u32);
+        let mut slice: i64 = 0;
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
@@ -36,7 +46,12 @@ impl Publisher {
                 _ = renew.tick() => {
                     let all = sessions.counts();
                     metrics::gauge!("gateway_presence_users").set(all.len() as f64);
-                    self.publish(&all).await;
+                    let due: Vec<_> = all
+                        .into_iter()
+                        .filter(|(user, _)| user.rem_euclid(RENEW_SLICES) == slice)
+                        .collect();
+                    self.publish(&due).await;
+                    slice = (slice + 1) % RENEW_SLICES;
                 }
                 () = &mut shutdown => break,
             }

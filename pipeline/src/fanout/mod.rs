@@ -56,6 +56,9 @@ impl Status {
     }
 }
 
+/// Presence records applied between two polls of chat.events.
+const PRESENCE_BATCH: usize = 256;
+
 fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
@@ -168,7 +171,7 @@ pub fn run(settings: &Settings, stop: Arc<AtomicBool>, status: Arc<Status>) -> a
     let tick = Duration::from_millis(fanout.cfg.tick_ms);
     let mut next_tick = Instant::now() + tick;
     while !stop.load(Ordering::Relaxed) {
-        fanout.take_presence(&presence, Duration::ZERO);
+        let more_presence = fanout.take_presence(&presence, Duration::ZERO);
         let revoked = std::mem::take(&mut *consumer.context().revoked.lock().expect("lock"));
         if !revoked.is_empty() {
             fanout.members.drop_partitions(&revoked);
@@ -177,7 +180,7 @@ pub fn run(settings: &Settings, stop: Arc<AtomicBool>, status: Arc<Status>) -> a
                 fanout.offsets.remove(p);
             }
         }
-        match consumer.poll(poll) {
+        match consumer.poll(if more_presence { Duration::ZERO } else { poll }) {
             Some(Ok(message)) => fanout.take_in(&message)?,
             Some(Err(err)) => {
                 metrics::counter!("fanout_consumer_errors_total").increment(1);
@@ -274,17 +277,20 @@ impl Fanout {
         Ok(())
     }
 
-    /// Applies what chat.presence holds now, waiting at most `wait` for the first record.
-    fn take_presence(&mut self, presence: &BaseConsumer, wait: Duration) {
+    /// Applies up to `PRESENCE_BATCH` records of chat.presence, waiting at most `wait`
+    /// for the first; true if more may be waiting (the loop then polls events without
+    /// waiting, so a burst of presence never holds events up for long).
+    fn take_presence(&mut self, presence: &BaseConsumer, wait: Duration) -> bool {
         let mut wait = wait;
-        for _ in 0..10_000 {
+        for _ in 0..PRESENCE_BATCH {
             match presence.poll(wait) {
                 Some(Ok(m)) => self.apply_presence(&m),
                 Some(Err(err)) => tracing::warn!("presence consumer: {err}"),
-                None => return,
+                None => return false,
             }
             wait = Duration::ZERO;
         }
+        true
     }
 
     fn apply_presence(&mut self, m: &BorrowedMessage<'_>) {
@@ -422,7 +428,10 @@ impl Fanout {
             ChatEvent::ReadUpdated(e) => e.occurred_at,
             _ => return Ok(()),
         };
-        let age_ms = (chrono::Utc::now() - occurred_at).num_milliseconds();
+        let age = chrono::Utc::now() - occurred_at;
+        metrics::histogram!("fanout_event_age_seconds")
+            .record(age.num_microseconds().unwrap_or(i64::MAX).max(0) as f64 / 1e6);
+        let age_ms = age.num_milliseconds();
         if age_ms > self.cfg.max_age_ms as i64 {
             metrics::counter!("fanout_stale_skipped_total").increment(1);
             return Ok(());
