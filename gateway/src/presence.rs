@@ -29,11 +29,7 @@ impl Publisher {
     /// `shutdown`. Renewals are spread: each of `RENEW_SLICES` ticks per `renew` renews
     /// the users of one slice, so thousands of users never become one burst of records
     /// (which would hold up pushes here and in fanout).
-    pub async fn run(
-        &self,
-        sessions: Sessions,
-        shutdown: impl std::future::Future<Output = ()>,
-    ) {
+    pub async fn run(&self, sessions: Sessions, shutdown: impl std::future::Future<Output = ()>) {
         let mut renew = tokio::time::interval(self.renew / RENEW_SLICES as u32);
         let mut slice: i64 = 0;
         tokio::pin!(shutdown);

@@ -3,6 +3,7 @@
 
 mod bad_records;
 mod gateway_restart;
+mod membership;
 mod slow_client;
 
 use std::time::Duration;

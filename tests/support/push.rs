@@ -133,6 +133,16 @@ impl FanoutProcessor {
     pub fn is_running(&self) -> bool {
         self.thread.as_ref().is_some_and(|t| !t.is_finished())
     }
+
+    /// Stops it as SIGTERM would (commit, leave the group), and waits until it has.
+    pub fn stop(mut self) -> anyhow::Result<()> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread
+            .take()
+            .expect("running")
+            .join()
+            .expect("the fanout thread panicked")
+    }
 }
 
 impl Drop for FanoutProcessor {

@@ -15,7 +15,7 @@ pub mod online;
 pub mod plan;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -45,9 +45,21 @@ use plan::{Coalescer, Routed};
 #[derive(Debug, Default)]
 pub struct Status {
     online: Mutex<Online>,
+    restored_records: AtomicU64,
+    membership_loads: AtomicU64,
 }
 
 impl Status {
+    /// chat.events records read to rebuild membership since start.
+    pub fn restored_records(&self) -> u64 {
+        self.restored_records.load(Ordering::Relaxed)
+    }
+
+    /// Conversations whose members were loaded from PostgreSQL since start.
+    pub fn membership_loads(&self) -> u64 {
+        self.membership_loads.load(Ordering::Relaxed)
+    }
+
     /// How many of `users` the processor sees online now.
     pub fn online_among(&self, users: &[i64]) -> usize {
         let now = now_ms();
@@ -189,11 +201,12 @@ pub fn run(settings: &Settings, stop: Arc<AtomicBool>, status: Arc<Status>) -> a
             None => {}
         }
         if Instant::now() >= next_tick {
-            fanout.tick(&consumer);
+            fanout.tick(&consumer, CommitMode::Async);
             next_tick = Instant::now() + tick;
         }
     }
-    fanout.tick(&consumer);
+    // Leaving: what was fanned out is committed before the group hears of it.
+    fanout.tick(&consumer, CommitMode::Sync);
     consumer.unsubscribe();
     Ok(())
 }
@@ -367,6 +380,9 @@ impl Fanout {
         }
         self.restored.insert(partition);
         metrics::counter!("fanout_restored_records_total").increment(read);
+        self.status
+            .restored_records
+            .fetch_add(read, Ordering::Relaxed);
         metrics::gauge!("fanout_conversations").set(self.members.len() as f64);
         tracing::info!(
             partition,
@@ -474,6 +490,7 @@ impl Fanout {
             )
             .with_context(|| format!("loading the members of conversation {conversation}"))?;
         metrics::counter!("fanout_membership_loads_total").increment(1);
+        self.status.membership_loads.fetch_add(1, Ordering::Relaxed);
         self.members.load(conversation, partition, users);
         Ok(())
     }
@@ -506,7 +523,7 @@ impl Fanout {
 
     /// Every `tick_ms`: the coalesced reads go out, expired leases are dropped, and once
     /// every list so far is acknowledged the offsets are committed.
-    fn tick(&mut self, consumer: &BaseConsumer<FanoutContext>) {
+    fn tick(&mut self, consumer: &BaseConsumer<FanoutContext>, mode: CommitMode) {
         let now = now_ms();
         let routed = {
             let online = self.status.online.lock().expect("presence lock");
@@ -531,7 +548,7 @@ impl Fanout {
         for (p, o) in self.offsets.drain() {
             let _ = tpl.add_partition_offset(&self.cfg.events_topic, p, Offset::Offset(o));
         }
-        if let Err(err) = consumer.commit(&tpl, CommitMode::Async) {
+        if let Err(err) = consumer.commit(&tpl, mode) {
             tracing::warn!("committing offsets: {err}");
         }
     }

@@ -1,0 +1,96 @@
+//! Where fanout's membership table comes from: the membership events of chat.events,
+//! rebuilt from the topic after a restart, and from PostgreSQL only for conversations
+//! whose history the topic no longer holds.
+
+use std::time::Duration;
+
+use chatpipe_schemas::ChatEvent;
+use chatpipe_tests::stream::{brokers, spawn_pipeline};
+use rdkafka::admin::{AdminClient, AdminOptions};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+use crate::{is_message, PRESENCE_DEADLINE, PUSH_DEADLINE};
+
+#[tokio::test]
+async fn a_restarted_fanout_rebuilds_membership_from_the_topic() {
+    let p = spawn_pipeline().await;
+    let gw = p.start_gateway(p.gateway_settings("gw", 0)).await;
+    let (alice, bob) = (1, 2);
+    let conversation = p.app.user(alice).create_group(&[bob]).await;
+    let mut ws = p.connect(&gw.url, bob).await;
+
+    let first = p.start_fanout(p.fanout_settings());
+    first.wait_online(&[bob], PRESENCE_DEADLINE).await;
+    let seq = p.app.user(alice).send_message(conversation, "before").await;
+    ws.until(PUSH_DEADLINE, is_message(conversation, seq)).await;
+    first.stop().unwrap();
+
+    // Same group: it resumes after `before` and must know the members from history.
+    let second = p.start_fanout(p.fanout_settings());
+    second.wait_online(&[bob], PRESENCE_DEADLINE).await;
+    let seq = p.app.user(alice).send_message(conversation, "after").await;
+    let (frame, _) = ws.until(PUSH_DEADLINE, is_message(conversation, seq)).await;
+    assert_eq!(frame["body"], "after");
+    assert!(
+        second.status.restored_records() >= 4,
+        "created, two joins and a message were read back: {}",
+        second.status.restored_records()
+    );
+    assert_eq!(
+        second.status.membership_loads(),
+        0,
+        "no database lookup was needed"
+    );
+    gw.stop().await.unwrap();
+    p.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_conversation_past_retention_is_loaded_from_postgres_once() {
+    let p = spawn_pipeline().await;
+    let gw = p.start_gateway(p.gateway_settings("gw", 0)).await;
+    let (alice, bob) = (1, 2);
+    let conversation = p.app.user(alice).create_group(&[bob]).await;
+    // Its creation reaches the topic, then retention takes it (DeleteRecords).
+    p.consume_until(Duration::from_secs(30), |rs| {
+        rs.iter().any(|r| {
+            matches!(&r.event, ChatEvent::MemberJoined(j)
+                if j.conversation_id == conversation && j.user_id == bob)
+        })
+    })
+    .await;
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .unwrap();
+    let mut all = TopicPartitionList::new();
+    for partition in 0..6 {
+        all.add_partition_offset(&p.topic, partition, Offset::End)
+            .unwrap();
+    }
+    for result in admin
+        .delete_records(&all, &AdminOptions::new())
+        .await
+        .unwrap()
+        .elements()
+    {
+        result.error().expect("records deleted");
+    }
+
+    let fanout = p.start_fanout(p.fanout_settings());
+    let mut ws = p.connect(&gw.url, bob).await;
+    fanout.wait_online(&[bob], PRESENCE_DEADLINE).await;
+    for body in ["one", "two"] {
+        let seq = p.app.user(alice).send_message(conversation, body).await;
+        let (frame, _) = ws.until(PUSH_DEADLINE, is_message(conversation, seq)).await;
+        assert_eq!(frame["body"], body);
+    }
+    assert_eq!(
+        fanout.status.membership_loads(),
+        1,
+        "loaded once, then kept from the events"
+    );
+    gw.stop().await.unwrap();
+    p.cleanup().await;
+}
