@@ -62,6 +62,13 @@ fn default_events_subject() -> String {
     "chat.events-value".into()
 }
 
+/// `[kafka]` of the services that only need to find the brokers.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSettings {
+    pub brokers: String,
+}
+
 /// `[outbox]`: how a service writes its events.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

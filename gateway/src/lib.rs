@@ -20,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use chatpipe_core::auth::{AuthError, AuthSettings, TokenKeys};
-use chatpipe_core::config::RegistrySettings;
+use chatpipe_core::config::{KafkaSettings, RegistrySettings};
 use chatpipe_core::problem::Problem;
 use futures::StreamExt;
 use serde::Deserialize;
@@ -58,12 +58,6 @@ pub struct Settings {
 #[serde(deny_unknown_fields)]
 pub struct GatewaySettings {
     pub id: String,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct KafkaSettings {
-    pub brokers: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -43,37 +43,39 @@ async fn main() -> anyhow::Result<()> {
             pipeline::tail::run(&settings, args, &mut std::io::stdout().lock()).await
         }
         Command::Receipts => {
-            serve_metrics(&settings).await?;
-            let stop = Arc::new(AtomicBool::new(false));
-            let worker = {
-                let (settings, stop) = (settings.clone(), stop.clone());
-                tokio::task::spawn_blocking(move || pipeline::receipts::run(&settings, stop))
-            };
-            let flag = stop.clone();
-            tokio::spawn(async move {
-                shutdown_signal().await;
-                tracing::info!("stopping: flushing the open window, then leaving the group");
-                flag.store(true, Ordering::Relaxed);
-            });
-            worker.await?
+            run_processor(settings, "flushing the open window", |s, stop| {
+                pipeline::receipts::run(s, stop)
+            })
+            .await
         }
         Command::Fanout => {
-            serve_metrics(&settings).await?;
-            let stop = Arc::new(AtomicBool::new(false));
-            let worker = {
-                let (settings, stop) = (settings.clone(), stop.clone());
-                let status = Arc::default();
-                tokio::task::spawn_blocking(move || pipeline::fanout::run(&settings, stop, status))
-            };
-            let flag = stop.clone();
-            tokio::spawn(async move {
-                shutdown_signal().await;
-                tracing::info!("stopping: committing what was fanned out");
-                flag.store(true, Ordering::Relaxed);
-            });
-            worker.await?
+            run_processor(settings, "committing what was fanned out", |s, stop| {
+                pipeline::fanout::run(s, stop, Arc::default())
+            })
+            .await
         }
     }
+}
+
+/// Serves /metrics, runs a blocking processor loop until SIGTERM or Ctrl-C sets its stop
+/// flag, and returns how it ended.
+async fn run_processor(
+    settings: Settings,
+    on_stop: &'static str,
+    processor: impl FnOnce(&Settings, Arc<AtomicBool>) -> anyhow::Result<()> + Send + 'static,
+) -> anyhow::Result<()> {
+    serve_metrics(&settings).await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let worker = {
+        let stop = stop.clone();
+        tokio::task::spawn_blocking(move || processor(&settings, stop))
+    };
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("stopping: {on_stop}, then leaving the group");
+        stop.store(true, Ordering::Relaxed);
+    });
+    worker.await?
 }
 
 /// `/metrics` and `/healthz` on `http.metrics_addr`.

@@ -1,6 +1,6 @@
 use std::path::Path;
 
-use chatpipe_core::config::{OutboxSettings, RegistrySettings};
+use chatpipe_core::config::{KafkaSettings, OutboxSettings, RegistrySettings};
 use serde::Deserialize;
 
 const DEFAULTS: &str = include_str!("../../config/pipeline.toml");
@@ -22,12 +22,6 @@ pub struct Settings {
     pub fanout: FanoutSettings,
     pub http: HttpSettings,
     pub fault: FaultSettings,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct KafkaSettings {
-    pub brokers: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -73,6 +67,19 @@ pub struct HttpSettings {
 #[serde(deny_unknown_fields)]
 pub struct FaultSettings {
     pub kill_after_db_commit: bool,
+}
+
+impl DatabaseSettings {
+    /// A pool of `max_connections` to `url`, connected now (so a wrong URL fails at start).
+    pub async fn connect(&self) -> anyhow::Result<sqlx::PgPool> {
+        use anyhow::Context;
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(self.max_connections)
+            .acquire_timeout(std::time::Duration::from_millis(self.acquire_timeout_ms))
+            .connect(&self.url)
+            .await
+            .context("connecting to PostgreSQL (database.url / DATABASE_URL)")
+    }
 }
 
 impl Settings {

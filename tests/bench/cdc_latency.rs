@@ -24,14 +24,8 @@ struct Args {
     base: String,
     #[arg(long, default_value = ".stack/jwt-secret")]
     secret_file: String,
-    #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
-    brokers: String,
-    #[arg(
-        long,
-        env = "SCHEMA_REGISTRY_URL",
-        default_value = "http://127.0.0.1:8081/apis/ccompat/v7"
-    )]
-    registry: String,
+    #[command(flatten)]
+    stack: chatpipe_tests::bench::StackArgs,
     #[arg(long, default_value = "chat.events")]
     topic: String,
     #[arg(long, default_value_t = 1000)]
@@ -55,8 +49,13 @@ async fn main() -> anyhow::Result<()> {
     let http = reqwest::Client::new();
 
     let arrivals = Arrivals::default();
-    let reader =
-        start_event_reader(&args.brokers, &args.registry, &args.topic, arrivals.clone()).await?;
+    let reader = start_event_reader(
+        &args.stack.brokers,
+        &args.stack.registry,
+        &args.topic,
+        arrivals.clone(),
+    )
+    .await?;
 
     // Phase 1: one at a time, commit -> topic.
     let conv = create_group(&http, &args.base, &token, &[]).await?;

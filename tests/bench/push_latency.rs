@@ -46,14 +46,8 @@ struct Args {
     gateway_pid: Option<u32>,
     #[arg(long, default_value = ".stack/jwt-secret")]
     secret_file: String,
-    #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
-    brokers: String,
-    #[arg(
-        long,
-        env = "SCHEMA_REGISTRY_URL",
-        default_value = "http://127.0.0.1:8081/apis/ccompat/v7"
-    )]
-    registry: String,
+    #[command(flatten)]
+    stack: chatpipe_tests::bench::StackArgs,
     #[arg(long, default_value = "chat.events")]
     topic: String,
     #[arg(long, default_value_t = 5000)]
@@ -168,8 +162,13 @@ async fn main() -> anyhow::Result<()> {
 
     // Traffic, and the baseline reader of chat.events.
     let arrivals = Arrivals::default();
-    let reader =
-        start_event_reader(&args.brokers, &args.registry, &args.topic, arrivals.clone()).await?;
+    let reader = start_event_reader(
+        &args.stack.brokers,
+        &args.stack.registry,
+        &args.topic,
+        arrivals.clone(),
+    )
+    .await?;
     let conversations = Arc::new(conversations);
     let sent: Sent = Arc::default();
     let total = args.rate * args.seconds;

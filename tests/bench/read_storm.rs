@@ -41,14 +41,8 @@ struct Args {
         default_value = "postgres://postgres:postgres@127.0.0.1:5432/postgres"
     )]
     database_url: String,
-    #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
-    brokers: String,
-    #[arg(
-        long,
-        env = "SCHEMA_REGISTRY_URL",
-        default_value = "http://127.0.0.1:8081/apis/ccompat/v7"
-    )]
-    registry: String,
+    #[command(flatten)]
+    stack: chatpipe_tests::bench::StackArgs,
     #[arg(long, default_value = "target/bench/read-storm.json")]
     out: String,
 }
@@ -83,17 +77,17 @@ async fn main() -> anyhow::Result<()> {
     }
     load_expected(&pool, &expected).await?;
 
-    let registry = Registry::new(&args.registry, Duration::from_secs(5))?;
+    let registry = Registry::new(&args.stack.registry, Duration::from_secs(5))?;
     let subject = format!("{run}.chat.events-value");
     let codec = registry.event_codec_for(&subject).await?;
 
     // --- the stream path -------------------------------------------------------------
     let topic = format!("{run}.chat.read-receipts");
-    create_topic(&args.brokers, &topic).await?;
+    create_topic(&args.stack.brokers, &topic).await?;
     let receipt_codec = registry.receipt_codec().await?;
     let mut settings = pipeline::settings::Settings::load(None)?;
-    settings.kafka.brokers = args.brokers.clone();
-    settings.registry.url = args.registry.clone();
+    settings.kafka.brokers = args.stack.brokers.clone();
+    settings.registry.url = args.stack.registry.clone();
     settings.registry.events_subject = subject.clone();
     settings.database.url = db_url.clone();
     settings.receipts.topic = topic.clone();
@@ -104,7 +98,8 @@ async fn main() -> anyhow::Result<()> {
         let (settings, stop) = (settings.clone(), stop.clone());
         std::thread::spawn(move || pipeline::receipts::run(&settings, stop))
     };
-    let producer: FutureProducer = chatpipe_core::kafka::producer_config(&args.brokers).create()?;
+    let producer: FutureProducer =
+        chatpipe_core::kafka::producer_config(&args.stack.brokers).create()?;
     let started = Instant::now();
     let sends = futures::stream::iter(storm.iter().map(|&(conv, user, seq)| {
         let bytes = receipt_codec.encode(&ReadReceipt {

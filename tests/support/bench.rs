@@ -13,6 +13,19 @@ use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use serde_json::json;
 use tokio::sync::Mutex;
 
+/// Where the benchmarks find Kafka and the registry (the stack's defaults).
+#[derive(clap::Args, Debug, Clone)]
+pub struct StackArgs {
+    #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
+    pub brokers: String,
+    #[arg(
+        long,
+        env = "SCHEMA_REGISTRY_URL",
+        default_value = "http://127.0.0.1:8081/apis/ccompat/v7"
+    )]
+    pub registry: String,
+}
+
 /// When each (conversation, seq) was read from chat.events.
 pub type Arrivals = Arc<Mutex<HashMap<(i64, i64), Instant>>>;
 

@@ -181,19 +181,7 @@ impl Pipeline {
                 partition: message.partition(),
                 offset: message.offset(),
                 key: String::from_utf8(message.key().expect("records have keys").to_vec()).unwrap(),
-                headers: message
-                    .headers()
-                    .map(|hs| {
-                        hs.iter()
-                            .map(|h| {
-                                (
-                                    h.key.to_owned(),
-                                    String::from_utf8_lossy(h.value.unwrap_or_default()).into(),
-                                )
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default(),
+                headers: headers_of(&message).into_iter().collect(),
                 bytes,
                 event,
             });
@@ -524,43 +512,51 @@ async fn remove_stale_namespaces() {
 
 /// Produces raw bytes to a topic (keyed), waiting for the broker's ack.
 pub async fn produce_raw(topic: &str, key: &str, payload: &[u8]) {
-    let producer: rdkafka::producer::FutureProducer =
-        chatpipe_core::kafka::producer_config(&brokers())
-            .create()
-            .expect("Kafka producer");
-    producer
-        .send(
-            rdkafka::producer::FutureRecord::to(topic)
-                .key(key)
-                .payload(payload),
-            Duration::from_secs(10),
-        )
-        .await
-        .unwrap_or_else(|(e, _)| panic!("producing to {topic}: {e}"));
+    produce(topic, None, key, payload).await
 }
 
 /// Produces raw bytes to one partition of a topic, waiting for the broker's ack.
 pub async fn produce_raw_to(topic: &str, partition: i32, key: &str, payload: &[u8]) {
+    produce(topic, Some(partition), key, payload).await
+}
+
+async fn produce(topic: &str, partition: Option<i32>, key: &str, payload: &[u8]) {
     let producer: rdkafka::producer::FutureProducer =
         chatpipe_core::kafka::producer_config(&brokers())
             .create()
             .expect("Kafka producer");
+    let mut record = rdkafka::producer::FutureRecord::to(topic)
+        .key(key)
+        .payload(payload);
+    if let Some(p) = partition {
+        record = record.partition(p);
+    }
     producer
-        .send(
-            rdkafka::producer::FutureRecord::to(topic)
-                .partition(partition)
-                .key(key)
-                .payload(payload),
-            Duration::from_secs(10),
-        )
+        .send(record, Duration::from_secs(10))
         .await
-        .unwrap_or_else(|(e, _)| panic!("producing to {topic}/{partition}: {e}"));
+        .unwrap_or_else(|(e, _)| panic!("producing to {topic}: {e}"));
+}
+
+/// A record's headers as (name, UTF-8 text) in order.
+pub fn headers_of(m: &impl Message) -> Vec<(String, String)> {
+    m.headers()
+        .map(|hs| {
+            hs.iter()
+                .map(|h| {
+                    (
+                        h.key.to_owned(),
+                        String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// (key, value, headers) of the first `n` records of a topic.
 pub async fn dlq_records(topic: &str, n: usize) -> Vec<(String, Vec<u8>, Vec<(String, String)>)> {
     use rdkafka::consumer::{Consumer, StreamConsumer};
-    use rdkafka::message::{Headers, Message};
+    use rdkafka::message::Message;
     let consumer: StreamConsumer =
         chatpipe_core::kafka::consumer_config(&brokers(), &format!("{topic}-check"))
             .create()
@@ -572,19 +568,7 @@ pub async fn dlq_records(topic: &str, n: usize) -> Vec<(String, Vec<u8>, Vec<(St
             .await
             .unwrap_or_else(|_| panic!("only {} records on {topic}", out.len()))
             .unwrap();
-        let headers = m
-            .headers()
-            .map(|hs| {
-                hs.iter()
-                    .map(|h| {
-                        (
-                            h.key.to_owned(),
-                            String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let headers = headers_of(&m);
         out.push((
             String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
             m.payload().unwrap_or_default().to_vec(),

@@ -32,7 +32,6 @@ use rdkafka::producer::{
     BaseRecord, DeliveryResult, FutureProducer, Producer, ProducerContext, ThreadedProducer,
 };
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
-use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
 use crate::settings::{FanoutSettings, Settings};
@@ -127,12 +126,7 @@ pub fn run(settings: &Settings, stop: Arc<AtomicBool>, status: Arc<Status>) -> a
         let codec = registry
             .delivery_codec_for(&format!("{}-value", cfg.deliveries_topic))
             .await?;
-        let pool = PgPoolOptions::new()
-            .max_connections(settings.database.max_connections)
-            .acquire_timeout(Duration::from_millis(settings.database.acquire_timeout_ms))
-            .connect(&settings.database.url)
-            .await
-            .context("connecting to PostgreSQL (database.url / DATABASE_URL)")?;
+        let pool = settings.database.connect().await?;
         anyhow::Ok((codec, pool))
     })?;
     let brokers = &settings.kafka.brokers;

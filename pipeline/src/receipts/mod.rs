@@ -21,7 +21,6 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Reb
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::producer::FutureProducer;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
-use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use tokio::runtime::Handle;
 use tokio::time::Instant;
@@ -167,12 +166,7 @@ fn run_one(settings: &Settings, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         let codec = registry
             .event_codec_for(&settings.registry.events_subject)
             .await?;
-        let pool = PgPoolOptions::new()
-            .max_connections(settings.database.max_connections)
-            .acquire_timeout(Duration::from_millis(settings.database.acquire_timeout_ms))
-            .connect(&settings.database.url)
-            .await
-            .context("connecting to PostgreSQL (database.url / DATABASE_URL)")?;
+        let pool = settings.database.connect().await?;
         anyhow::Ok((codec, pool))
     })?;
     let decoder = registry.event_decoder();
