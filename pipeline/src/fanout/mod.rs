@@ -14,7 +14,7 @@ pub mod members;
 pub mod online;
 pub mod plan;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -94,16 +94,42 @@ impl ConsumerContext for FanoutContext {
     }
 }
 
-/// Counts fanout lists the broker refused (a gateway partition that does not exist, a
-/// broker down past the timeout): pushes are best effort, clients catch up over REST.
-struct DeliveryReport;
+/// Fanout lists produced and not yet acknowledged, by sequence number. Offsets are
+/// committed once every list produced before them has its delivery report, so the loop
+/// never waits for the broker (a blocking flush stalled it for up to 250 ms).
+#[derive(Default)]
+struct Unacked(Mutex<BTreeSet<u64>>);
+
+impl Unacked {
+    fn add(&self, n: u64) {
+        self.0.lock().expect("unacked lock").insert(n);
+    }
+
+    fn done(&self, n: u64) {
+        self.0.lock().expect("unacked lock").remove(&n);
+    }
+
+    /// The oldest list still waiting, and how many wait.
+    fn oldest(&self) -> (Option<u64>, usize) {
+        let set = self.0.lock().expect("unacked lock");
+        (set.first().copied(), set.len())
+    }
+}
+
+/// Delivery reports: each list leaves the unacked set. A list the broker refused (a
+/// gateway partition that does not exist, a broker down past the timeout) is counted
+/// and dropped: pushes are best effort, clients catch up over REST.
+struct DeliveryReport {
+    unacked: Arc<Unacked>,
+}
 
 impl ClientContext for DeliveryReport {}
 
 impl ProducerContext for DeliveryReport {
-    type DeliveryOpaque = ();
+    type DeliveryOpaque = usize;
 
-    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+    fn delivery(&self, result: &DeliveryResult<'_>, n: usize) {
+        self.unacked.done(n as u64);
         if let Err((err, _)) = result {
             metrics::counter!("fanout_produce_errors_total").increment(1);
             tracing::warn!("a fanout list was not delivered: {err}");
@@ -141,13 +167,16 @@ pub fn run(settings: &Settings, stop: Arc<AtomicBool>, status: Arc<Status>) -> a
     consumer
         .subscribe(&[&cfg.events_topic])
         .context("subscribing")?;
+    let unacked = Arc::new(Unacked::default());
     let producer: ThreadedProducer<DeliveryReport> = chatpipe_core::kafka::producer_config(brokers)
         .set("linger.ms", "1")
         .set(
             "queue.buffering.max.messages",
             cfg.produce_queue_max.to_string(),
         )
-        .create_with_context(DeliveryReport)
+        .create_with_context(DeliveryReport {
+            unacked: unacked.clone(),
+        })
         .context("creating the deliveries producer")?;
     let dlq: FutureProducer = chatpipe_core::kafka::producer_config(brokers)
         .create()
@@ -165,6 +194,9 @@ pub fn run(settings: &Settings, stop: Arc<AtomicBool>, status: Arc<Status>) -> a
         restored: HashSet::new(),
         coalescer: Coalescer::default(),
         offsets: HashMap::new(),
+        unacked,
+        sent: 0,
+        pending: VecDeque::new(),
         status,
         cfg,
         brokers: brokers.clone(),
@@ -185,6 +217,9 @@ pub fn run(settings: &Settings, stop: Arc<AtomicBool>, status: Arc<Status>) -> a
                 fanout.restored.remove(p);
                 fanout.offsets.remove(p);
             }
+            for (_, offsets) in &mut fanout.pending {
+                offsets.retain(|p, _| !revoked.contains(p));
+            }
         }
         match consumer.poll(if more_presence { Duration::ZERO } else { poll }) {
             Some(Ok(message)) => fanout.take_in(&message)?,
@@ -195,14 +230,35 @@ pub fn run(settings: &Settings, stop: Arc<AtomicBool>, status: Arc<Status>) -> a
             None => {}
         }
         if Instant::now() >= next_tick {
-            fanout.tick(&consumer, CommitMode::Async);
+            fanout.tick(&consumer, false);
             next_tick = Instant::now() + tick;
         }
     }
     // Leaving: what was fanned out is committed before the group hears of it.
-    fanout.tick(&consumer, CommitMode::Sync);
+    fanout.tick(&consumer, true);
     consumer.unsubscribe();
     Ok(())
+}
+
+/// The offsets of `pending` whose lists are all acknowledged (no list older than their
+/// snapshot is still waiting: `oldest` is the oldest unacknowledged list), merged to the
+/// highest per partition and taken out of `pending`.
+fn releasable(
+    pending: &mut VecDeque<(u64, HashMap<i32, i64>)>,
+    oldest: Option<u64>,
+) -> HashMap<i32, i64> {
+    let mut ready: HashMap<i32, i64> = HashMap::new();
+    while let Some((before, _)) = pending.front() {
+        if oldest.is_some_and(|o| o < *before) {
+            break;
+        }
+        let (_, offsets) = pending.pop_front().expect("front exists");
+        for (p, o) in offsets {
+            let e = ready.entry(p).or_insert(o);
+            *e = (*e).max(o);
+        }
+    }
+    ready
 }
 
 struct Fanout {
@@ -219,6 +275,11 @@ struct Fanout {
     coalescer: Coalescer,
     /// The next offset to commit, per partition of chat.events.
     offsets: HashMap<i32, i64>,
+    unacked: Arc<Unacked>,
+    /// Sequence number of the next list produced.
+    sent: u64,
+    /// Offsets waiting for their lists' acks: (lists produced before them, offsets).
+    pending: VecDeque<(u64, HashMap<i32, i64>)>,
     status: Arc<Status>,
     cfg: FanoutSettings,
     brokers: String,
@@ -489,11 +550,14 @@ impl Fanout {
         Ok(())
     }
 
-    fn send(&self, r: Routed) -> anyhow::Result<()> {
+    fn send(&mut self, r: Routed) -> anyhow::Result<()> {
         let payload = self.codec.encode(&r.delivery);
         let key = r.delivery.conversation_id.to_string();
         let users = r.delivery.user_ids.len();
-        let mut record = BaseRecord::to(&self.cfg.deliveries_topic)
+        let n = self.sent;
+        self.sent += 1;
+        self.unacked.add(n);
+        let mut record = BaseRecord::with_opaque_to(&self.cfg.deliveries_topic, n as usize)
             .partition(r.partition)
             .key(&key)
             .payload(&payload);
@@ -506,7 +570,10 @@ impl Fanout {
                     std::thread::sleep(Duration::from_millis(5));
                     record = back;
                 }
-                Err((err, _)) => return Err(err).context("producing a fanout list"),
+                Err((err, _)) => {
+                    self.unacked.done(n);
+                    return Err(err).context("producing a fanout list");
+                }
             }
         }
         metrics::counter!("fanout_deliveries_total").increment(1);
@@ -515,9 +582,10 @@ impl Fanout {
         Ok(())
     }
 
-    /// Every `tick_ms`: the coalesced reads go out, expired leases are dropped, and once
-    /// every list so far is acknowledged the offsets are committed.
-    fn tick(&mut self, consumer: &BaseConsumer<FanoutContext>, mode: CommitMode) {
+    /// Every `tick_ms`: the coalesced reads go out, expired leases are dropped, and the
+    /// offsets whose lists are all acknowledged are committed. `leaving`: wait for every
+    /// ack first and commit synchronously.
+    fn tick(&mut self, consumer: &BaseConsumer<FanoutContext>, leaving: bool) {
         let now = now_ms();
         let routed = {
             let online = self.status.online.lock().expect("presence lock");
@@ -531,19 +599,57 @@ impl Fanout {
         }
         let online = self.status.online.lock().expect("presence lock").sweep(now);
         metrics::gauge!("fanout_presence_online").set(online as f64);
-        if self.offsets.is_empty() {
-            return;
+        if !self.offsets.is_empty() {
+            self.pending
+                .push_back((self.sent, std::mem::take(&mut self.offsets)));
         }
-        if let Err(err) = self.producer.flush(Duration::from_secs(10)) {
-            tracing::warn!("flushing fanout lists: {err}; offsets not committed");
+        if leaving {
+            if let Err(err) = self.producer.flush(Duration::from_secs(10)) {
+                tracing::warn!("flushing fanout lists: {err}");
+            }
+        }
+        let (oldest, waiting) = self.unacked.oldest();
+        metrics::gauge!("fanout_unacked_lists").set(waiting as f64);
+        let ready = releasable(&mut self.pending, oldest);
+        if ready.is_empty() {
             return;
         }
         let mut tpl = TopicPartitionList::new();
-        for (p, o) in self.offsets.drain() {
+        for (p, o) in ready {
             let _ = tpl.add_partition_offset(&self.cfg.events_topic, p, Offset::Offset(o));
         }
+        let mode = if leaving {
+            CommitMode::Sync
+        } else {
+            CommitMode::Async
+        };
         if let Err(err) = consumer.commit(&tpl, mode) {
             tracing::warn!("committing offsets: {err}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_wait_for_every_older_list_and_merge_to_the_highest() {
+        // Snapshot A after lists 0..3, snapshot B after lists 0..5.
+        let mut pending = VecDeque::from([
+            (3, HashMap::from([(0, 10), (1, 4)])),
+            (5, HashMap::from([(0, 12)])),
+        ]);
+        // List 2 is still out: nothing may be committed.
+        assert!(releasable(&mut pending, Some(2)).is_empty());
+        // Lists 0..3 acknowledged (4 is out): A only.
+        assert_eq!(
+            releasable(&mut pending, Some(4)),
+            HashMap::from([(0, 10), (1, 4)])
+        );
+        assert_eq!(pending.len(), 1);
+        // Everything acknowledged.
+        assert_eq!(releasable(&mut pending, None), HashMap::from([(0, 12)]));
+        assert!(pending.is_empty());
     }
 }
