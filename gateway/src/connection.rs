@@ -38,6 +38,9 @@ where
     S: Sink<Message> + Unpin,
     R: Stream<Item = Result<Message, E>> + Unpin,
 {
+    // Every write gives up after two heartbeats: a client whose socket takes nothing for
+    // that long is as dead as one that answers nothing.
+    let patience = heartbeat * 2;
     let mut ticker = tokio::time::interval_at(Instant::now() + heartbeat, heartbeat);
     let mut last_heard = Instant::now();
     tokio::pin!(shutdown);
@@ -45,12 +48,12 @@ where
         tokio::select! {
             outbound = session.outbound.recv() => match outbound {
                 Some(Outbound::Frame(text, committed_at)) => {
-                    if let Err(ended) = write(&mut sink, &text, committed_at, heartbeat * 2).await {
+                    if let Err(ended) = write(&mut sink, &text, committed_at, patience).await {
                         return ended;
                     }
                 }
                 Some(Outbound::Overflowed) => {
-                    close(&mut sink, CLOSE_OVERFLOW, "send queue overflow").await;
+                    close(&mut sink, CLOSE_OVERFLOW, "send queue overflow", patience).await;
                     return Ended::Overflowed;
                 }
                 None => return Ended::Shutdown,
@@ -63,11 +66,11 @@ where
             },
             _ = ticker.tick() => {
                 if last_heard.elapsed() >= heartbeat * 2 {
-                    close(&mut sink, CLOSE_GOING_AWAY, "heartbeat timeout").await;
+                    close(&mut sink, CLOSE_GOING_AWAY, "heartbeat timeout", patience).await;
                     return Ended::HeartbeatTimeout;
                 }
-                if sink.send(Message::Ping(Vec::new().into())).await.is_err() {
-                    return Ended::SendFailed;
+                if let Err(ended) = send_within(&mut sink, Message::Ping(Vec::new().into()), patience).await {
+                    return ended;
                 }
             }
             () = &mut shutdown => {
@@ -77,7 +80,7 @@ where
                         return Ended::Shutdown;
                     }
                 }
-                close(&mut sink, CLOSE_GOING_AWAY, "gateway shutting down").await;
+                close(&mut sink, CLOSE_GOING_AWAY, "gateway shutting down", heartbeat).await;
                 return Ended::Shutdown;
             }
         }
@@ -92,14 +95,7 @@ async fn write<S: Sink<Message> + Unpin>(
     committed_at: Option<i64>,
     timeout: Duration,
 ) -> Result<(), Ended> {
-    match tokio::time::timeout(timeout, sink.send(Message::Text(text.into()))).await {
-        Err(_) => {
-            metrics::counter!("gateway_write_timeouts_total").increment(1);
-            return Err(Ended::WriteTimeout);
-        }
-        Ok(Err(_)) => return Err(Ended::SendFailed),
-        Ok(Ok(())) => {}
-    }
+    send_within(sink, Message::Text(text.into()), timeout).await?;
     if let Some(at) = committed_at {
         let micros = chrono::Utc::now().timestamp_micros() - at;
         metrics::histogram!("gateway_push_latency_seconds").record(micros.max(0) as f64 / 1e6);
@@ -107,13 +103,34 @@ async fn write<S: Sink<Message> + Unpin>(
     Ok(())
 }
 
-async fn close<S: Sink<Message> + Unpin>(sink: &mut S, code: u16, reason: &'static str) {
-    let _ = sink
-        .send(Message::Close(Some(CloseFrame {
-            code,
-            reason: reason.into(),
-        })))
-        .await;
+/// Sends one message (and flushes), giving up after `timeout`.
+async fn send_within<S: Sink<Message> + Unpin>(
+    sink: &mut S,
+    message: Message,
+    timeout: Duration,
+) -> Result<(), Ended> {
+    match tokio::time::timeout(timeout, sink.send(message)).await {
+        Err(_) => {
+            metrics::counter!("gateway_write_timeouts_total").increment(1);
+            Err(Ended::WriteTimeout)
+        }
+        Ok(Err(_)) => Err(Ended::SendFailed),
+        Ok(Ok(())) => Ok(()),
+    }
+}
+
+/// Sends a close frame if the socket takes it within `timeout`.
+async fn close<S: Sink<Message> + Unpin>(
+    sink: &mut S,
+    code: u16,
+    reason: &'static str,
+    timeout: Duration,
+) {
+    let frame = Message::Close(Some(CloseFrame {
+        code,
+        reason: reason.into(),
+    }));
+    let _ = send_within(sink, frame, timeout).await;
 }
 
 #[cfg(test)]
@@ -227,5 +244,85 @@ mod tests {
         assert!(!conn.is_finished());
         in_tx.unbounded_send(Ok(Message::Close(None))).unwrap();
         assert_eq!(conn.await.unwrap(), Ended::ClientClosed);
+    }
+
+    #[tokio::test]
+    async fn on_shutdown_queued_frames_go_out_before_the_close() {
+        let sessions = Sessions::new(8);
+        let session = sessions.join(10);
+        for frame in ["one", "two", "three"] {
+            sessions.push(&[10], frame);
+        }
+        let (out_tx, out_rx) = wire();
+        let (_in_tx, in_rx) = mpsc::unbounded::<Inbound>();
+        let ended = serve(
+            out_tx,
+            in_rx,
+            session,
+            Duration::from_secs(30),
+            std::future::ready(()),
+        )
+        .await;
+        assert_eq!(ended, Ended::Shutdown);
+        let frames: Vec<Message> = out_rx.collect().await;
+        assert_eq!(
+            &frames[..3],
+            &[
+                Message::Text("one".into()),
+                Message::Text("two".into()),
+                Message::Text("three".into()),
+            ]
+        );
+        assert!(
+            matches!(&frames[3], Message::Close(Some(f)) if f.code == CLOSE_GOING_AWAY && f.reason.as_str() == "gateway shutting down"),
+            "{frames:?}"
+        );
+    }
+
+    /// A socket that never takes anything: a client that stopped reading, buffers full.
+    struct Stuck;
+
+    impl Sink<Message> for Stuck {
+        type Error = ();
+        fn poll_ready(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), ()>> {
+            std::task::Poll::Pending
+        }
+        fn start_send(self: std::pin::Pin<&mut Self>, _: Message) -> Result<(), ()> {
+            Ok(())
+        }
+        fn poll_flush(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), ()>> {
+            std::task::Poll::Pending
+        }
+        fn poll_close(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), ()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_socket_that_takes_nothing_is_dropped_after_two_heartbeats() {
+        let sessions = Sessions::new(8);
+        let session = sessions.join(10);
+        sessions.push(&[10], "stuck behind a full socket");
+        let (_in_tx, in_rx) = mpsc::unbounded::<Inbound>();
+        let started = Instant::now();
+        let ended = serve(
+            Stuck,
+            in_rx,
+            session,
+            Duration::from_secs(15),
+            std::future::pending(),
+        )
+        .await;
+        assert_eq!(ended, Ended::WriteTimeout);
+        assert_eq!(started.elapsed(), Duration::from_secs(30));
     }
 }
