@@ -54,6 +54,7 @@ pub struct FanoutSettings {
     pub tick_ms: u64,
     pub max_poll_ms: u64,
     pub max_age_ms: u64,
+    pub presence_forget_ms: u64,
     pub produce_queue_max: usize,
 }
 

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use chatpipe_tests::push::{Seen, WsClient};
+use chatpipe_tests::push::{wait_for_tombstone, Seen, WsClient};
 use chatpipe_tests::stream::{brokers, spawn_pipeline, Pipeline};
 use chatpipe_tests::{registry_url, JWT_SECRET};
 
@@ -68,7 +68,10 @@ async fn reconnect(url: &str, token: &str) -> WsClient {
 #[tokio::test]
 async fn a_gateway_killed_and_restarted_loses_no_seq_for_its_clients() {
     let p = spawn_pipeline().await;
-    let fanout = p.start_fanout(p.fanout_settings());
+    let mut settings = p.fanout_settings();
+    // Forget (and tombstone) an expired entry a second after its lease ran out.
+    settings.fanout.presence_forget_ms = 1_000;
+    let fanout = p.start_fanout(settings);
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -106,8 +109,11 @@ async fn a_gateway_killed_and_restarted_loses_no_seq_for_its_clients() {
             .send_message(conversation, &format!("m{i}"))
             .await;
     }
-    // Nobody said goodbye: bob stops counting when his lease (3 s) runs out.
+    // Nobody said goodbye: bob stops counting when his lease (3 s) runs out, and fanout
+    // tombstones the dead gateway's entry so the compacted topic forgets it.
     fanout.wait_offline(&[bob], Duration::from_secs(15)).await;
+    let key = chatpipe_schemas::presence::key(bob, &p.gateway_settings("proc", 1).gateway.id);
+    wait_for_tombstone(&p.presence_topic(), &key, Duration::from_secs(15)).await;
 
     let mut gateway = spawn_gateway(&p, &addr);
     let mut ws = reconnect(&url, &token).await;

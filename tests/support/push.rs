@@ -91,6 +91,29 @@ impl Pipeline {
     }
 }
 
+/// Waits until `topic` holds a tombstone (a record without a value) under `key`.
+pub async fn wait_for_tombstone(topic: &str, key: &str, deadline: Duration) {
+    use rdkafka::consumer::{Consumer, StreamConsumer};
+    use rdkafka::Message;
+    let consumer: StreamConsumer = chatpipe_core::kafka::consumer_config(
+        &brokers(),
+        &format!("{topic}-tombstones-{}", uuid::Uuid::new_v4()),
+    )
+    .create()
+    .expect("Kafka consumer");
+    consumer.subscribe(&[topic]).expect("subscribe");
+    let until = tokio::time::Instant::now() + deadline;
+    loop {
+        let m = tokio::time::timeout_at(until, consumer.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no tombstone for {key} on {topic} within {deadline:?}"))
+            .expect("consuming");
+        if m.key() == Some(key.as_bytes()) && m.payload().is_none() {
+            return;
+        }
+    }
+}
+
 /// A fanout processor on a thread of this test.
 pub struct FanoutProcessor {
     stop: Arc<AtomicBool>,

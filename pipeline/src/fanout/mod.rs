@@ -29,7 +29,8 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Reb
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::producer::{
-    BaseRecord, DeliveryResult, FutureProducer, Producer, ProducerContext, ThreadedProducer,
+    BaseRecord, DeliveryResult, FutureProducer, FutureRecord, Producer, ProducerContext,
+    ThreadedProducer,
 };
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use sqlx::PgPool;
@@ -267,6 +268,7 @@ struct Fanout {
     pool: PgPool,
     codec: DeliveryCodec,
     producer: ThreadedProducer<DeliveryReport>,
+    /// Dead letters, and presence tombstones.
     dlq: FutureProducer,
     dlq_topic: String,
     members: Members,
@@ -582,6 +584,23 @@ impl Fanout {
         Ok(())
     }
 
+    /// Writes tombstones for presence entries whose gateway stopped renewing them long
+    /// ago, so chat.presence does not keep dead gateways' users forever. Several fanout
+    /// members may write the same tombstone; that is harmless.
+    fn tombstone(&self, gone: &[(i64, Arc<str>)]) {
+        for (user, gateway) in gone {
+            let key = chatpipe_schemas::presence::key(*user, gateway);
+            let record: FutureRecord<'_, str, [u8]> =
+                FutureRecord::to(&self.cfg.presence_topic).key(&key);
+            // Not awaited: the tombstone is housekeeping, not a condition for progress.
+            if let Err((err, _)) = self.dlq.send_result(record) {
+                tracing::warn!("tombstoning {key}: {err}");
+            } else {
+                metrics::counter!("fanout_presence_tombstones_total").increment(1);
+            }
+        }
+    }
+
     /// Every `tick_ms`: the coalesced reads go out, expired leases are dropped, and the
     /// offsets whose lists are all acknowledged are committed. `leaving`: wait for every
     /// ack first and commit synchronously.
@@ -597,8 +616,13 @@ impl Fanout {
                 tracing::warn!("coalesced read: {err:#}");
             }
         }
-        let online = self.status.online.lock().expect("presence lock").sweep(now);
+        let (online, gone) = {
+            let mut table = self.status.online.lock().expect("presence lock");
+            let gone = table.forget(now - self.cfg.presence_forget_ms as i64);
+            (table.online_users(now), gone)
+        };
         metrics::gauge!("fanout_presence_online").set(online as f64);
+        self.tombstone(&gone);
         if !self.offsets.is_empty() {
             self.pending
                 .push_back((self.sent, std::mem::take(&mut self.offsets)));

@@ -62,13 +62,30 @@ impl Online {
         self.gateways(user, now_ms).next().is_some()
     }
 
-    /// Drops expired leases; returns the users still online.
-    pub fn sweep(&mut self, now_ms: i64) -> usize {
-        self.by_user.retain(|_, leases| {
-            leases.retain(|l| l.expires_at_ms > now_ms);
+    /// How many users are online now.
+    pub fn online_users(&self, now_ms: i64) -> usize {
+        self.by_user
+            .values()
+            .filter(|leases| leases.iter().any(|l| l.expires_at_ms > now_ms))
+            .count()
+    }
+
+    /// Forgets leases that expired before `forget_before_ms` and returns them as
+    /// (user, gateway id): entries of gateways that died without a word, whose keys
+    /// nobody else will ever tombstone.
+    pub fn forget(&mut self, forget_before_ms: i64) -> Vec<(i64, Arc<str>)> {
+        let mut gone = Vec::new();
+        self.by_user.retain(|user, leases| {
+            leases.retain(|l| {
+                let keep = l.expires_at_ms > forget_before_ms;
+                if !keep {
+                    gone.push((*user, l.gateway.id.clone()));
+                }
+                keep
+            });
             !leases.is_empty()
         });
-        self.by_user.len()
+        gone
     }
 }
 
@@ -104,6 +121,9 @@ mod tests {
         );
         o.upsert(1, gw("a", 0), 2_000);
         assert!(o.is_online(1, 1_500), "a renewal brings it back");
-        assert_eq!(o.sweep(2_000), 0);
+        assert_eq!(o.online_users(2_000), 0);
+        assert!(o.forget(1_999).is_empty(), "expired, not yet forgotten");
+        assert_eq!(o.forget(2_000), vec![(1, Arc::from("a"))]);
+        assert!(!o.is_online(1, 0));
     }
 }
