@@ -3,6 +3,7 @@
 //! chat.presence which users it holds ([`presence`]), and pushes the fanout lists of its
 //! chat.deliveries partition to them ([`deliveries`]).
 
+pub mod client;
 pub mod connection;
 pub mod deliveries;
 pub mod presence;

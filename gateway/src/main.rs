@@ -68,13 +68,8 @@ async fn main() -> anyhow::Result<()> {
 }
 
 async fn watch(url: &str, token: &str, count: Option<usize>) -> anyhow::Result<()> {
-    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
     use tokio_tungstenite::tungstenite::Message;
-    let mut request = url.into_client_request()?;
-    request
-        .headers_mut()
-        .insert("authorization", format!("Bearer {token}").parse()?);
-    let (mut ws, _) = tokio_tungstenite::connect_async(request)
+    let mut ws = gateway::client::connect(url, token)
         .await
         .with_context(|| format!("connecting to {url}"))?;
     eprintln!("connected to {url}");

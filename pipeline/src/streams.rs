@@ -8,6 +8,27 @@ use chatpipe_schemas::avro::split_frame;
 use chatpipe_schemas::registry::EventDecoder;
 use tokio::runtime::Handle;
 
+/// What a processor thread starts with: a runtime for its async calls (database,
+/// registry) and the registry client. One worker thread drives the runtime's IO, so code
+/// inside a Kafka callback can `block_on` through a Handle (a current-thread runtime
+/// would not drive IO there and the call would never finish).
+pub fn processor_runtime(
+    settings: &crate::settings::Settings,
+) -> anyhow::Result<(
+    tokio::runtime::Runtime,
+    chatpipe_schemas::registry::Registry,
+)> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let registry = chatpipe_schemas::registry::Registry::new(
+        &settings.registry.url,
+        std::time::Duration::from_millis(settings.registry.timeout_ms),
+    )?;
+    Ok((rt, registry))
+}
+
 /// Writer schemas by id, held by one consumer thread: decoding stays synchronous, the
 /// registry is asked once per schema version.
 pub struct WriterSchemas {

@@ -26,7 +26,6 @@ use futures::StreamExt;
 use hdrhistogram::Histogram;
 use rand::Rng;
 use serde_json::json;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
 #[derive(Parser)]
@@ -312,11 +311,7 @@ async fn connect(
     token: &str,
     frames: Frames,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-    let mut request = url.into_client_request()?;
-    request
-        .headers_mut()
-        .insert("authorization", format!("Bearer {token}").parse()?);
-    let (mut ws, _) = tokio_tungstenite::connect_async(request)
+    let mut ws = gateway::client::connect(url, token)
         .await
         .with_context(|| format!("connecting to {url}"))?;
     Ok(tokio::spawn(async move {

@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use futures::{SinkExt, StreamExt};
 use serde_json::Value;
 use tokio::net::TcpStream;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
@@ -222,10 +221,7 @@ impl WsClient {
     /// A client whose socket receive buffer is `bytes`: one that stops reading stalls
     /// the server's writes almost at once.
     pub async fn connect_with_recv_buffer(url: &str, token: &str, bytes: u32) -> Self {
-        let mut request = url.into_client_request().unwrap();
-        request
-            .headers_mut()
-            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        let request = gateway::client::request(url, token).unwrap();
         let host = request.uri().authority().unwrap().as_str().to_owned();
         let addr = tokio::net::lookup_host(&host)
             .await
@@ -242,12 +238,9 @@ impl WsClient {
     }
 
     pub async fn try_connect(url: &str, token: &str) -> anyhow::Result<Self> {
-        let mut request = url.into_client_request()?;
-        request
-            .headers_mut()
-            .insert("authorization", format!("Bearer {token}").parse()?);
-        let (ws, _) = tokio_tungstenite::connect_async(request).await?;
-        Ok(Self { ws })
+        Ok(Self {
+            ws: gateway::client::connect(url, token).await?,
+        })
     }
 
     /// The next JSON frame or close, answering pings; None at the deadline.

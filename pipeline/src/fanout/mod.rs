@@ -23,7 +23,6 @@ use anyhow::Context;
 use chatpipe_schemas::avro::{from_value, read_with};
 use chatpipe_schemas::delivery::DeliveryCodec;
 use chatpipe_schemas::presence::{parse_key, Presence};
-use chatpipe_schemas::registry::Registry;
 use chatpipe_schemas::ChatEvent;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -36,7 +35,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use sqlx::PgPool;
 
 use crate::settings::{FanoutSettings, Settings};
-use crate::streams::{record_lag, WriterSchemas};
+use crate::streams::{processor_runtime, record_lag, WriterSchemas};
 use members::Members;
 use online::{Gateway, Online};
 use plan::{Coalescer, Routed};
@@ -140,15 +139,8 @@ impl ProducerContext for DeliveryReport {
 
 /// Runs the fanout processor until `stop` is set. Blocking: call it from a thread.
 pub fn run(settings: &Settings, stop: Arc<AtomicBool>, status: Arc<Status>) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()?;
+    let (rt, registry) = processor_runtime(settings)?;
     let cfg = settings.fanout.clone();
-    let registry = Registry::new(
-        &settings.registry.url,
-        Duration::from_millis(settings.registry.timeout_ms),
-    )?;
     let (codec, pool) = rt.block_on(async {
         let codec = registry
             .delivery_codec_for(&format!("{}-value", cfg.deliveries_topic))

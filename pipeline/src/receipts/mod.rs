@@ -16,7 +16,6 @@ use std::time::{Duration, Instant as StdInstant};
 use anyhow::Context;
 use chatpipe_core::outbox::Outbox;
 use chatpipe_schemas::receipt::ReadReceipt;
-use chatpipe_schemas::registry::Registry;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::producer::FutureProducer;
@@ -26,7 +25,7 @@ use tokio::runtime::Handle;
 use tokio::time::Instant;
 
 use crate::settings::Settings;
-use crate::streams::{record_lag, WriterSchemas};
+use crate::streams::{processor_runtime, record_lag, WriterSchemas};
 use window::{Batch, Window};
 
 /// What a flush needs, shared by the poll loop and the rebalance callback.
@@ -151,17 +150,8 @@ pub fn run(settings: &Settings, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
 
 fn run_one(settings: &Settings, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     let cfg = &settings.receipts;
-    // A worker thread drives the runtime's IO, so the rebalance callback can block_on a
-    // flush through a Handle from inside poll (a current-thread runtime would not drive
-    // IO there and the flush would never finish).
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()?;
-    let registry = Registry::new(
-        &settings.registry.url,
-        Duration::from_millis(settings.registry.timeout_ms),
-    )?;
+    // The rebalance callback block_ons a flush from inside poll: see processor_runtime.
+    let (rt, registry) = processor_runtime(settings)?;
     let (codec, pool) = rt.block_on(async {
         let codec = registry
             .event_codec_for(&settings.registry.events_subject)
@@ -227,7 +217,6 @@ fn run_one(settings: &Settings, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
 }
 
 /// One record into the window, or into the dead-letter topic.
-#[allow(clippy::too_many_arguments)]
 fn take_in(
     message: &BorrowedMessage<'_>,
     schemas: &mut WriterSchemas,
