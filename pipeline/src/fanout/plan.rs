@@ -3,6 +3,7 @@
 //! list (DESIGN.md invariant 6), and offline members are on none.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
 use chatpipe_schemas::delivery::{Delivery, MESSAGE_NEW, READ_UPDATED};
 use chatpipe_schemas::{MessageNew, ReadUpdated};
@@ -16,17 +17,16 @@ pub struct Routed {
     pub delivery: Delivery,
 }
 
-/// Splits `users` by the gateways holding them now: (partition, gateway id) -> users.
-fn by_gateway<'a>(
-    users: impl IntoIterator<Item = &'a i64>,
-    online: &Online,
-    now_ms: i64,
-) -> BTreeMap<(i32, String), Vec<i64>> {
-    let mut lists: BTreeMap<(i32, String), Vec<i64>> = BTreeMap::new();
+/// The fanout lists of one event: (partition, gateway id) -> users.
+type Lists = BTreeMap<(i32, Arc<str>), Vec<i64>>;
+
+/// Splits `users` by the gateways holding them now.
+fn by_gateway<'a>(users: impl IntoIterator<Item = &'a i64>, online: &Online, now_ms: i64) -> Lists {
+    let mut lists = Lists::new();
     for user in users {
         for Gateway { id, partition } in online.gateways(*user, now_ms) {
             lists
-                .entry((*partition, id.to_string()))
+                .entry((*partition, id.clone()))
                 .or_default()
                 .push(*user);
         }
@@ -37,13 +37,13 @@ fn by_gateway<'a>(
     lists
 }
 
-fn route(lists: BTreeMap<(i32, String), Vec<i64>>, template: &Delivery) -> Vec<Routed> {
+fn route(lists: Lists, template: &Delivery) -> Vec<Routed> {
     lists
         .into_iter()
         .map(|((partition, gateway_id), user_ids)| Routed {
             partition,
             delivery: Delivery {
-                gateway_id,
+                gateway_id: gateway_id.to_string(),
                 user_ids,
                 ..template.clone()
             },
@@ -172,7 +172,6 @@ impl Coalescer {
 mod tests {
     use super::*;
     use chrono::Utc;
-    use std::sync::Arc;
 
     fn online(users: &[(i64, &str, i32)]) -> Online {
         let mut o = Online::default();
