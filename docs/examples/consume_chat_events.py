@@ -30,7 +30,10 @@ def main() -> int:
     ap.add_argument("--idle-timeout", type=float, default=0, help="stop after S idle seconds (0: never)")
     args = ap.parse_args()
 
-    deserialize = AvroDeserializer(SchemaRegistryClient({"url": args.registry}))
+    # The client waits forever by default: bound each registry call and retry it, so a
+    # registry that drops one request costs seconds, not the consumer.
+    registry = SchemaRegistryClient({"url": args.registry, "timeout": 10, "max.retries": 3})
+    deserialize = AvroDeserializer(registry)
     consumer = Consumer({
         "bootstrap.servers": args.brokers,
         "group.id": f"example-{uuid.uuid4()}",

@@ -258,7 +258,7 @@ async fn a_standard_confluent_deserializer_in_python_reads_chat_events() {
         env!("CARGO_MANIFEST_DIR"),
         "/../docs/examples/consume_chat_events.py"
     );
-    let output = tokio::process::Command::new(&python)
+    let run = tokio::process::Command::new(&python)
         .args([
             script,
             "--topic",
@@ -271,8 +271,12 @@ async fn a_standard_confluent_deserializer_in_python_reads_chat_events() {
         ])
         .env("KAFKA_BROKERS", chatpipe_tests::stream::brokers())
         .env("SCHEMA_REGISTRY_URL", chatpipe_tests::registry_url())
-        .output()
+        .kill_on_drop(true)
+        .output();
+    // The script stops after 4 records or 30 idle seconds; past 120 s it is stuck.
+    let output = tokio::time::timeout(Duration::from_secs(120), run)
         .await
+        .expect("the Python consumer finished within 120 s")
         .expect("python runs");
     assert!(
         output.status.success(),
