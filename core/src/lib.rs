@@ -8,5 +8,6 @@ pub mod kafka;
 pub mod outbox;
 pub mod problem;
 pub mod telemetry;
+pub mod watermark;
 
 pub use ids::{ConversationId, Seq, UserId};

@@ -1,29 +1,15 @@
 //! This gateway's partition of chat.deliveries: each fanout list becomes one frame,
 //! queued for the sessions of the users on the list (and nobody else). The partition is
 //! read from its end: after a restart, clients catch up over REST, not from old lists.
+//! The reader runs on the processor runtime ([`pipeline::runtime`]) on a thread of its
+//! own: a registry or broker outage is waited out, an undecodable list goes to
+//! `<topic>.dlq`, and a stalled reader turns `/readyz` red.
 
-use std::collections::HashMap;
-
-use chatpipe_schemas::avro::split_frame;
 use chatpipe_schemas::delivery::{Delivery, MESSAGE_NEW};
-use chatpipe_schemas::registry::EventDecoder;
-use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::message::BorrowedMessage;
-use rdkafka::producer::FutureProducer;
-use rdkafka::{Message, Offset, TopicPartitionList};
+use pipeline::runtime::{Failure, Position, Processor};
 use serde_json::json;
 
 use crate::sessions::Sessions;
-
-pub struct Reader {
-    pub consumer: StreamConsumer,
-    pub decoder: EventDecoder,
-    pub topic: String,
-    pub partition: i32,
-    pub dlq: FutureProducer,
-    /// Writer schemas by id (the registry is asked once per version).
-    pub schemas: HashMap<u32, apache_avro::Schema>,
-}
 
 /// The frame a client receives for a fanout list (docs/protocol.md).
 pub fn frame(d: &Delivery) -> serde_json::Value {
@@ -54,72 +40,39 @@ pub fn frame(d: &Delivery) -> serde_json::Value {
     }
 }
 
-impl Reader {
-    pub fn assign(&self) -> anyhow::Result<()> {
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(&self.topic, self.partition, Offset::End)?;
-        self.consumer.assign(&tpl)?;
-        Ok(())
-    }
+/// The reader's side: hands each list to [`push`] over a bounded channel
+/// (`deliveries.max_pending_lists`). When the connections cannot keep up, the channel
+/// fills and the reader waits: the partition backs up in Kafka, where the lag shows.
+pub struct Pusher {
+    pub lists: tokio::sync::mpsc::Sender<Delivery>,
+}
 
-    /// Pushes every list that arrives until `shutdown`.
-    pub async fn run(
-        mut self,
-        sessions: Sessions,
-        shutdown: impl std::future::Future<Output = ()>,
-    ) {
-        tokio::pin!(shutdown);
-        let dlq_topic = format!("{}.dlq", self.topic);
-        loop {
-            let message = tokio::select! {
-                m = self.consumer.recv() => m,
-                () = &mut shutdown => return,
-            };
-            let message = match message {
-                Ok(m) => m,
-                Err(err) => {
-                    metrics::counter!("gateway_deliveries_errors_total").increment(1);
-                    tracing::warn!("deliveries consumer: {err}");
-                    continue;
-                }
-            };
-            match decode(&mut self.schemas, &self.decoder, &message).await {
-                Ok(d) => {
-                    let text = frame(&d).to_string();
-                    metrics::counter!("gateway_deliveries_total").increment(1);
-                    sessions.push_committed(&d.user_ids, &text, Some(d.occurred_at));
-                    // Let the connections write before the next list: a burst read from
-                    // Kafka in one go must not fill queues that are draining fine.
-                    tokio::task::yield_now().await;
-                }
-                Err(error) => {
-                    tracing::warn!(
-                        offset = message.offset(),
-                        error,
-                        "undecodable fanout list: to {dlq_topic}"
-                    );
-                    metrics::counter!("gateway_deliveries_dlq_total").increment(1);
-                    if let Err(err) =
-                        chatpipe_core::kafka::dead_letter(&self.dlq, &dlq_topic, &message, &error)
-                            .await
-                    {
-                        tracing::error!("dead-lettering: {err:#}");
-                    }
-                }
-            }
-        }
+impl Processor for Pusher {
+    type Record = Delivery;
+
+    fn apply(&mut self, _at: Position, d: Delivery) -> Result<(), Failure> {
+        metrics::gauge!("gateway_deliveries_pending")
+            .set((self.lists.max_capacity() - self.lists.capacity()) as f64);
+        self.lists
+            .blocking_send(d)
+            .map_err(|_| Failure::retriable(anyhow::anyhow!("the gateway is stopping")))
     }
 }
 
-async fn decode(
-    schemas: &mut HashMap<u32, apache_avro::Schema>,
-    decoder: &EventDecoder,
-    m: &BorrowedMessage<'_>,
-) -> Result<Delivery, String> {
-    let bytes = m.payload().ok_or("record without a value")?;
-    let (id, _) = split_frame(bytes).map_err(|e| e.to_string())?;
-    if let std::collections::hash_map::Entry::Vacant(slot) = schemas.entry(id) {
-        slot.insert(decoder.writer_schema(id).await.map_err(|e| e.to_string())?);
+/// The runtime's side: queues each list's frame for the sessions of its users, and lets
+/// the connections write before the next one (a burst read from Kafka in one go must
+/// not fill queues that are draining fine). Ends when the reader does.
+pub async fn push(mut lists: tokio::sync::mpsc::Receiver<Delivery>, sessions: Sessions) {
+    while let Some(d) = lists.recv().await {
+        tracing::debug!(
+            conversation_id = d.conversation_id,
+            seq = d.seq,
+            users = d.user_ids.len(),
+            "fanout list"
+        );
+        let text = frame(&d).to_string();
+        metrics::counter!("gateway_deliveries_total").increment(1);
+        sessions.push_committed(&d.user_ids, &text, Some(d.occurred_at));
+        tokio::task::yield_now().await;
     }
-    Delivery::decode_with(&schemas[&id], bytes).map_err(|e| e.to_string())
 }

@@ -24,7 +24,12 @@ use chatpipe_core::auth::{AuthError, AuthSettings, TokenKeys};
 use chatpipe_core::config::{KafkaSettings, RegistrySettings};
 use chatpipe_core::problem::Problem;
 use futures::StreamExt;
+use pipeline::runtime::{
+    Reader, ReaderSettings, ReaderSpec, Readiness, Source, Supervisor, WriterSchemas,
+};
 use serde::Deserialize;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 pub use sessions::Sessions;
 
@@ -53,6 +58,7 @@ pub struct Settings {
     pub registry: RegistrySettings,
     pub presence: PresenceSettings,
     pub deliveries: DeliveriesSettings,
+    pub readers: ReaderSettings,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -74,6 +80,7 @@ pub struct PresenceSettings {
 pub struct DeliveriesSettings {
     pub topic: String,
     pub partition: i32,
+    pub max_pending_lists: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -101,7 +108,9 @@ impl Settings {
 /// Runs a gateway on `listener` until `shutdown` resolves: registers the presence
 /// schema, reads its chat.deliveries partition, publishes presence, serves `/ws`. On
 /// shutdown, queued frames go out, connections close with 1001, and the users' presence
-/// tombstones are written before it returns.
+/// tombstones are written before it returns. Every task runs under one supervisor: if
+/// one ends on its own (the deliveries reader failing, say), the gateway shuts down the
+/// same way and returns the error, so the process exits non-zero.
 pub async fn run(
     settings: Settings,
     listener: tokio::net::TcpListener,
@@ -121,23 +130,39 @@ pub async fn run(
         chatpipe_core::kafka::producer_config(brokers)
             .create()
             .context("creating the Kafka producer")?;
-    let consumer: rdkafka::consumer::StreamConsumer = chatpipe_core::kafka::consumer_config(
-        brokers,
-        &format!("chatpipe-gateway-{}", settings.gateway.id),
-    )
-    .set("fetch.wait.max.ms", "50")
-    .create()
-    .context("creating the Kafka consumer")?;
-    check_partition(&consumer, &settings.deliveries)?;
-    let reader = deliveries::Reader {
-        consumer,
-        decoder: registry.event_decoder(),
-        topic: settings.deliveries.topic.clone(),
-        partition: settings.deliveries.partition,
-        dlq: producer.clone(),
-        schemas: Default::default(),
+    let sessions = Sessions::new(settings.sessions.queue_bound);
+    let readiness = Readiness::default();
+    let d = &settings.deliveries;
+    let spec = ReaderSpec {
+        name: format!("deliveries-{}", d.partition),
+        metric: "gateway_deliveries",
+        topic: d.topic.clone(),
+        source: Source::Assigned {
+            partition: Some(d.partition),
+            start: rdkafka::Offset::End,
+        },
+        dead_letters: Some(format!("{}.dlq", d.topic)),
+        max_poll: Duration::from_millis(100),
+        commit_every: settings.readers.commit_interval(),
+        settings: settings.readers.clone(),
     };
-    reader.assign()?;
+    let (lists_tx, lists_rx) = tokio::sync::mpsc::channel(d.max_pending_lists.max(1));
+    let health = readiness.reader(
+        &spec.name,
+        "gateway_deliveries",
+        settings.readers.stall_after(),
+    );
+    let reader = Reader::new(
+        spec,
+        chatpipe_core::kafka::client_config(brokers)
+            .set("fetch.wait.max.ms", "50")
+            .clone(),
+        deliveries::Pusher { lists: lists_tx },
+        WriterSchemas::new(registry, tokio::runtime::Handle::current()),
+        health,
+        tokio::runtime::Handle::current(),
+    )?;
+    check_partition(&reader, d)?;
     let publisher = presence::Publisher {
         producer,
         codec,
@@ -148,17 +173,37 @@ pub async fn run(
         renew: Duration::from_millis(settings.presence.renew_ms),
     };
 
-    let sessions = Sessions::new(settings.sessions.queue_bound);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut supervisor = Supervisor::new(stop.clone());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |rx: tokio::sync::watch::Receiver<bool>| async move {
         let mut rx = rx;
         let _ = rx.wait_for(|s| *s).await;
     };
-    let reading = tokio::spawn(reader.run(sessions.clone(), stopped(stop_rx.clone())));
-    let publishing = {
+    // The stop: SIGTERM, or a task that ended on its own (the supervisor sets the flag).
+    {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = shutdown => {}
+                () = async { while !stop.load(Ordering::Relaxed) { tokio::time::sleep(Duration::from_millis(50)).await } } => {}
+            }
+            stop.store(true, Ordering::Relaxed);
+            let _ = stop_tx.send(true);
+        });
+    }
+    supervisor.spawn_thread("deliveries", move |stop| reader.run(&stop));
+    supervisor.spawn_async("push", {
+        let sessions = sessions.clone();
+        async move {
+            deliveries::push(lists_rx, sessions).await;
+            Ok(())
+        }
+    });
+    {
         let sessions = sessions.clone();
         let stop = stopped(stop_rx.clone());
-        tokio::spawn(async move {
+        supervisor.spawn_async("presence", async move {
             publisher.run(sessions.clone(), stop).await;
             // The connections close on the stop signal; their tombstones go out last.
             let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
@@ -168,15 +213,17 @@ pub async fn run(
             let mut last = sessions.take_changes();
             last.extend(sessions.counts().into_iter().map(|(u, _)| (u, 0)));
             publisher.publish(&last).await;
-        })
-    };
+            Ok(())
+        });
+    }
     let gateway = Gateway {
         keys,
         sessions,
+        readiness,
         heartbeat: Duration::from_millis(settings.sessions.heartbeat_ms),
         read_buffer_bytes: settings.sessions.read_buffer_bytes,
         max_client_message_bytes: settings.sessions.max_client_message_bytes,
-        shutdown: stop_rx,
+        shutdown: stop_rx.clone(),
     };
     tracing::info!(
         addr = %listener.local_addr()?,
@@ -184,15 +231,14 @@ pub async fn run(
         partition = settings.deliveries.partition,
         "gateway listening"
     );
-    axum::serve(listener, gateway.router())
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            let _ = stop_tx.send(true);
-        })
-        .await?;
-    reading.await?;
-    publishing.await?;
-    Ok(())
+    let server_stop = stopped(stop_rx);
+    supervisor.spawn_async("http", async move {
+        axum::serve(listener, gateway.router())
+            .with_graceful_shutdown(server_stop)
+            .await
+            .context("serving /ws")
+    });
+    supervisor.wait().await
 }
 
 /// A listener whose connections have a send buffer of `sessions.socket_send_buffer_bytes`
@@ -213,18 +259,11 @@ pub fn listener(settings: &Settings) -> std::io::Result<tokio::net::TcpListener>
 }
 
 /// The configured partition must exist: a gateway reading nothing would look healthy.
-fn check_partition(
-    consumer: &rdkafka::consumer::StreamConsumer,
+fn check_partition<P: pipeline::runtime::Processor>(
+    reader: &Reader<P>,
     d: &DeliveriesSettings,
 ) -> anyhow::Result<()> {
-    use rdkafka::consumer::Consumer;
-    let metadata = consumer
-        .fetch_metadata(Some(&d.topic), Duration::from_secs(10))
-        .with_context(|| format!("reading the metadata of {}", d.topic))?;
-    let partitions = metadata
-        .topics()
-        .first()
-        .map_or(0, |t| t.partitions().len());
+    let partitions = reader.partitions()?.len();
     anyhow::ensure!(
         d.partition >= 0 && (d.partition as usize) < partitions,
         "deliveries.partition {} does not exist: {} has {partitions} partitions (one per gateway)",
@@ -238,6 +277,8 @@ fn check_partition(
 pub struct Gateway {
     pub keys: TokenKeys,
     pub sessions: Sessions,
+    /// The deliveries reader's state, for `/readyz`.
+    pub readiness: Readiness,
     pub heartbeat: Duration,
     /// Per-connection read buffer: clients only send control frames, so a small one
     /// keeps an idle connection cheap.
@@ -249,18 +290,12 @@ pub struct Gateway {
 
 impl Gateway {
     pub fn router(self) -> Router {
-        let metrics = chatpipe_core::telemetry::metrics_handle();
+        // /healthz, /readyz (503 while the deliveries reader is stalled), /metrics.
+        let health = pipeline::runtime::http::router(self.readiness.clone());
         Router::new()
             .route("/ws", get(ws))
-            .route(
-                "/healthz",
-                get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
-            )
-            .route(
-                "/metrics",
-                get(move || std::future::ready(metrics.render())),
-            )
             .with_state(self)
+            .merge(health)
     }
 }
 

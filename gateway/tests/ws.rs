@@ -18,6 +18,7 @@ async fn start() -> (String, Sessions, TokenKeys) {
     let gw = Gateway {
         keys: keys.clone(),
         sessions: sessions.clone(),
+        readiness: Default::default(),
         heartbeat: Duration::from_secs(30),
         read_buffer_bytes: 4096,
         max_client_message_bytes: 16 * 1024,

@@ -2,6 +2,6 @@
 
 pub mod fanout;
 pub mod receipts;
+pub mod runtime;
 pub mod settings;
-pub mod streams;
 pub mod tail;

@@ -22,6 +22,7 @@ pub struct Settings {
     pub fanout: FanoutSettings,
     pub http: HttpSettings,
     pub fault: FaultSettings,
+    pub readers: crate::runtime::ReaderSettings,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -56,6 +57,8 @@ pub struct FanoutSettings {
     pub max_age_ms: u64,
     pub presence_forget_ms: u64,
     pub produce_queue_max: usize,
+    pub changelog_topic: String,
+    pub max_cached_conversations: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -84,6 +87,14 @@ impl DatabaseSettings {
 }
 
 impl Settings {
+    /// A client of the schema registry (`[registry]`).
+    pub fn registry_client(&self) -> anyhow::Result<chatpipe_schemas::registry::Registry> {
+        Ok(chatpipe_schemas::registry::Registry::new(
+            &self.registry.url,
+            std::time::Duration::from_millis(self.registry.timeout_ms),
+        )?)
+    }
+
     pub fn load(file: Option<&Path>) -> Result<Self, Box<figment::Error>> {
         chatpipe_core::config::load(DEFAULTS, file, ALIASES)
     }

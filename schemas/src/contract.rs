@@ -32,7 +32,18 @@ pub const DELIVERIES: Contract = Contract {
     schema: include_str!("../delivery.avsc"),
 };
 
-pub const ALL: [Contract; 4] = [CHAT_EVENTS, READ_RECEIPTS, PRESENCE, DELIVERIES];
+pub const FANOUT_MEMBERS: Contract = Contract {
+    topic: "chat.fanout-members",
+    schema: include_str!("../fanout_members.avsc"),
+};
+
+pub const ALL: [Contract; 5] = [
+    CHAT_EVENTS,
+    READ_RECEIPTS,
+    PRESENCE,
+    DELIVERIES,
+    FANOUT_MEMBERS,
+];
 
 /// The compatibility level every subject is held to.
 pub const COMPATIBILITY: &str = "BACKWARD_TRANSITIVE";

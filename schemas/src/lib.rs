@@ -12,6 +12,7 @@
 pub mod avro;
 pub mod contract;
 pub mod delivery;
+pub mod members;
 pub mod presence;
 pub mod receipt;
 pub mod registry;

@@ -30,6 +30,41 @@ pub enum RegistryError {
     Config { subject: String, detail: String },
 }
 
+/// Why a writer schema could not be had, sorted by what a consumer should do about it.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LookupError {
+    /// The registry answered 404: no schema has this id, so the record can never be
+    /// read. Dead-letter it.
+    #[error("the schema registry has no schema with id {0}")]
+    NotFound(u32),
+    /// The registry's answer for this id is not an Avro schema: the same.
+    #[error("schema id {id} is not a readable Avro schema: {detail}")]
+    Invalid { id: u32, detail: String },
+    /// No answer, a timeout, or any status but 200 and 404: the registry is down or
+    /// restarting. Wait and ask again; the record is fine.
+    #[error("schema registry at {url} unavailable: {detail}")]
+    Unavailable { url: String, detail: String },
+}
+
+impl LookupError {
+    /// Whether asking again later may succeed.
+    pub fn is_retriable(&self) -> bool {
+        matches!(self, Self::Unavailable { .. })
+    }
+}
+
+/// `e` and its sources, one line ("connection refused" hides two levels down in reqwest).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
 #[derive(Clone)]
 pub struct Registry {
     url: String,
@@ -173,6 +208,17 @@ impl Registry {
         Ok(crate::delivery::DeliveryCodec::new(id))
     }
 
+    /// Registers the chat.fanout-members schema under `subject` and returns a codec.
+    pub async fn fanout_members_codec_for(
+        &self,
+        subject: &str,
+    ) -> Result<crate::members::FanoutMembersCodec, RegistryError> {
+        let id = self
+            .register_schema(subject, crate::contract::FANOUT_MEMBERS.schema)
+            .await?;
+        Ok(crate::members::FanoutMembersCodec::new(id))
+    }
+
     /// Registers the chat.events schema under its subject (`chat.events-value`) and
     /// returns a codec for it.
     pub async fn event_codec(&self) -> Result<EventCodec, RegistryError> {
@@ -184,6 +230,47 @@ impl Registry {
         Ok(EventCodec::new(
             self.register_schema(subject, CHAT_EVENTS.schema).await?,
         ))
+    }
+
+    /// The writer schema registered under `id` (`GET /schemas/ids/{id}`), with the
+    /// answer classified for a consumer: only "no such id" and "not a schema" condemn
+    /// the record; everything else (no answer, a timeout, any other status) is an outage
+    /// to wait out. Not cached here: callers keep the schemas they got.
+    pub async fn writer_schema(&self, id: u32) -> Result<apache_avro::Schema, LookupError> {
+        let url = format!("{}/schemas/ids/{id}", self.url);
+        let unavailable = |detail: String| LookupError::Unavailable {
+            url: url.clone(),
+            detail,
+        };
+        let res = self
+            .http
+            .get(&url)
+            .send()
+            .await
+            .map_err(|e| unavailable(error_chain(&e)))?;
+        let status = res.status();
+        if status == reqwest::StatusCode::NOT_FOUND {
+            return Err(LookupError::NotFound(id));
+        }
+        if !status.is_success() {
+            let body = res.text().await.unwrap_or_default();
+            return Err(unavailable(format!("{status} {}", body.trim())));
+        }
+        let body: serde_json::Value = res
+            .json()
+            .await
+            .map_err(|e| unavailable(format!("reading the answer: {}", error_chain(&e))))?;
+        let text =
+            body.get("schema")
+                .and_then(|s| s.as_str())
+                .ok_or_else(|| LookupError::Invalid {
+                    id,
+                    detail: "the answer has no \"schema\" string".into(),
+                })?;
+        apache_avro::Schema::parse_str(text).map_err(|e| LookupError::Invalid {
+            id,
+            detail: e.to_string(),
+        })
     }
 
     /// A decoder that reads chat.events records of any registered schema version.

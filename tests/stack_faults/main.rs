@@ -1,5 +1,11 @@
-//! Faults of the streaming stack itself. Its own test binary: cargo runs test binaries
-//! one after another, so killing Kafka Connect here disturbs no other test.
+//! Faults of the streaming stack itself: Kafka Connect killed, the broker stalled, the
+//! registry stopped, PostgreSQL restarted. Its own test binary: cargo runs test binaries
+//! one after another, so these faults disturb no other test; inside the binary the tests
+//! take turns ([`one_fault_at_a_time`]).
+
+mod broker;
+mod postgres;
+mod registry;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -16,11 +22,53 @@ fn repo_root() -> PathBuf {
         .to_owned()
 }
 
+/// Faults hit the whole shared stack: one test at a time.
+pub async fn one_fault_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
+    static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    TURN.lock().await
+}
+
+/// Runs `scripts/stack ARGS` (start, restart, down a component) and fails the test if it
+/// fails.
+pub async fn stack(args: &[&str]) {
+    let started = Instant::now();
+    let status = tokio::process::Command::new(repo_root().join("scripts/stack"))
+        .args(args)
+        .status()
+        .await
+        .expect("scripts/stack runs");
+    assert!(status.success(), "scripts/stack {args:?} failed");
+    eprintln!(
+        "scripts/stack {} took {:.1} s",
+        args.join(" "),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// Starts `component` again if the test panics before it did: a failed fault test must
+/// not leave the shared stack broken for the next one.
+pub struct StartOnPanic(pub &'static str);
+
+impl Drop for StartOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let _ = std::process::Command::new(repo_root().join("scripts/stack"))
+                .args(["start", self.0])
+                .status();
+        }
+    }
+}
+
 fn connect_pid() -> i32 {
+    stack_pid("connect")
+}
+
+/// The pid of a component `scripts/stack` started.
+pub fn stack_pid(component: &str) -> i32 {
     let home = std::env::var("STACK_HOME")
         .map(PathBuf::from)
         .unwrap_or_else(|_| repo_root().join(".stack"));
-    let file = home.join("run/connect.pid");
+    let file = home.join(format!("run/{component}.pid"));
     std::fs::read_to_string(&file)
         .unwrap_or_else(|e| {
             panic!(
@@ -33,7 +81,7 @@ fn connect_pid() -> i32 {
         .expect("a pid")
 }
 
-fn messages(records: &[Record]) -> Vec<(i64, i64)> {
+pub fn messages(records: &[Record]) -> Vec<(i64, i64)> {
     records
         .iter()
         .filter_map(|r| match &r.event {
@@ -45,6 +93,7 @@ fn messages(records: &[Record]) -> Vec<(i64, i64)> {
 
 #[tokio::test]
 async fn kafka_connect_killed_with_sigkill_mid_stream_loses_no_event() {
+    let _turn = one_fault_at_a_time().await;
     let p = spawn_pipeline().await;
     let mut conversations = Vec::new();
     for i in 0..10 {
@@ -81,6 +130,7 @@ async fn kafka_connect_killed_with_sigkill_mid_stream_loses_no_event() {
     let mut records = p
         .consume_until(Duration::from_secs(60), |rs| messages(rs).len() >= 150)
         .await;
+    let _restart = StartOnPanic("connect");
     let pid = connect_pid();
     let status = std::process::Command::new("kill")
         .args(["-9", &pid.to_string()])
@@ -93,12 +143,7 @@ async fn kafka_connect_killed_with_sigkill_mid_stream_loses_no_event() {
         messages(&records).len()
     );
 
-    let restart = tokio::process::Command::new(repo_root().join("scripts/stack"))
-        .arg("up")
-        .status()
-        .await
-        .expect("scripts/stack up runs");
-    assert!(restart.success(), "scripts/stack up brings Connect back");
+    stack(&["start", "connect"]).await;
     wait_until_streaming(&p.connector, &p.slot).await;
     eprintln!(
         "Kafka Connect streaming again {:.1} s after the kill",

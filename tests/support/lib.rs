@@ -251,6 +251,19 @@ impl TestApp {
             .await
             .expect(sql)
     }
+
+    /// `user`'s watermark in `conversation` as PostgreSQL has it; `None` for a non-member
+    /// (or while the database is away).
+    pub async fn watermark(&self, conversation: i64, user: i64) -> Option<i64> {
+        sqlx::query_scalar(
+            "SELECT last_read_seq FROM conversation_member WHERE conversation_id = $1 AND user_id = $2",
+        )
+        .bind(conversation)
+        .bind(user)
+        .fetch_one(&self.pool)
+        .await
+        .ok()
+    }
 }
 
 #[derive(Clone)]

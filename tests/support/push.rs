@@ -35,6 +35,7 @@ impl Pipeline {
         s.fanout.group = format!("{}-fanout", self.ns);
         s.fanout.presence_topic = self.presence_topic();
         s.fanout.deliveries_topic = self.deliveries_topic();
+        s.fanout.changelog_topic = format!("{}.chat.fanout-members", self.ns);
         s
     }
 
@@ -43,11 +44,14 @@ impl Pipeline {
         chatpipe_core::telemetry::init_logging();
         let stop = Arc::new(AtomicBool::new(false));
         let status = Arc::new(pipeline::fanout::Status::default());
-        let (flag, st) = (stop.clone(), status.clone());
-        let thread = std::thread::spawn(move || pipeline::fanout::run(&settings, flag, st));
+        let readiness = pipeline::runtime::Readiness::default();
+        let (flag, st, r) = (stop.clone(), status.clone(), readiness.clone());
+        let thread =
+            std::thread::spawn(move || pipeline::fanout::run_with(&settings, flag, st, &r));
         FanoutProcessor {
             stop,
             status,
+            readiness,
             thread: Some(thread),
         }
     }
@@ -117,6 +121,8 @@ pub async fn wait_for_tombstone(topic: &str, key: &str, deadline: Duration) {
 pub struct FanoutProcessor {
     stop: Arc<AtomicBool>,
     pub status: Arc<pipeline::fanout::Status>,
+    /// Its readers' state, as its `/readyz` would report it.
+    pub readiness: pipeline::runtime::Readiness,
     thread: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
 }
 
@@ -184,6 +190,14 @@ pub struct RunningGateway {
 }
 
 impl RunningGateway {
+    /// `http://host:port` of its `/healthz`, `/readyz` and `/metrics`.
+    pub fn http_base(&self) -> String {
+        self.url
+            .replacen("ws://", "http://", 1)
+            .trim_end_matches("/ws")
+            .to_owned()
+    }
+
     /// Stops it as SIGTERM would, and waits until it has.
     pub async fn stop(mut self) -> anyhow::Result<()> {
         let _ = self.stop.take().expect("running").send(());
@@ -296,5 +310,88 @@ impl WsClient {
 
     pub async fn close(mut self) {
         let _ = self.ws.close(None).await;
+    }
+
+    /// Keeps reading in the background (answering pings, as a real client does while
+    /// its user looks elsewhere) and collects every frame.
+    pub fn collect(mut self) -> Collector {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let task = tokio::spawn(async move {
+            loop {
+                match self.next(Duration::from_secs(3600)).await {
+                    Some(Seen::Frame(v)) => {
+                        if tx.send(v).is_err() {
+                            return;
+                        }
+                    }
+                    other => {
+                        let _ = tx.send(serde_json::json!({"closed": format!("{other:?}")}));
+                        return;
+                    }
+                }
+            }
+        });
+        Collector {
+            rx,
+            task,
+            seen: Vec::new(),
+        }
+    }
+}
+
+/// Every frame a [`WsClient`] received, read in the background.
+pub struct Collector {
+    rx: tokio::sync::mpsc::UnboundedReceiver<Value>,
+    task: tokio::task::JoinHandle<()>,
+    /// Every frame so far, in order.
+    pub seen: Vec<Value>,
+}
+
+impl Collector {
+    /// Waits until a frame received so far matches `want`; fails the test at the deadline.
+    pub async fn until(&mut self, deadline: Duration, want: impl Fn(&Value) -> bool) -> Value {
+        match self.try_until(deadline, want).await {
+            Some(frame) => frame,
+            None => panic!("no matching frame within {deadline:?}; saw {:?}", self.seen),
+        }
+    }
+
+    /// Like [`Collector::until`], but `None` at the deadline instead of failing.
+    pub async fn try_until(
+        &mut self,
+        deadline: Duration,
+        want: impl Fn(&Value) -> bool,
+    ) -> Option<Value> {
+        let until = tokio::time::Instant::now() + deadline;
+        loop {
+            if let Some(f) = self.seen.iter().find(|f| want(f)) {
+                return Some(f.clone());
+            }
+            match tokio::time::timeout_at(until, self.rx.recv()).await {
+                Ok(Some(frame)) => {
+                    assert!(
+                        frame.get("closed").is_none(),
+                        "the connection closed: {frame}"
+                    );
+                    self.seen.push(frame);
+                }
+                Ok(None) => panic!("the collector stopped; saw {:?}", self.seen),
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// Takes in what has arrived so far, without waiting.
+    pub fn drain(&mut self) -> &[Value] {
+        while let Ok(frame) = self.rx.try_recv() {
+            self.seen.push(frame);
+        }
+        &self.seen
+    }
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }

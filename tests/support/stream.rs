@@ -102,6 +102,12 @@ pub async fn spawn_pipeline_with(reads: ReadMode) -> Pipeline {
         &[("cleanup.policy", "compact")],
     )
     .await;
+    create_topic_with(
+        &format!("{ns}.chat.fanout-members"),
+        6,
+        &[("cleanup.policy", "compact")],
+    )
+    .await;
     create_topic(
         &format!("{ns}.chat.deliveries"),
         crate::push::DELIVERY_PARTITIONS,
@@ -120,6 +126,8 @@ pub async fn spawn_pipeline_with(reads: ReadMode) -> Pipeline {
     let consumer: StreamConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers())
         .set("group.id", format!("{ns}-test"))
+        // Rejoins at once after a broker stall (the fault tests), like our readers.
+        .set("group.protocol", "consumer")
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
         .create()
@@ -167,7 +175,14 @@ impl Pipeline {
             else {
                 continue;
             };
-            let message = message.expect("reading from Kafka");
+            let message = match message {
+                Ok(message) => message,
+                // The broker stalled or restarting (fault tests): the client reconnects.
+                Err(err) => {
+                    eprintln!("test consumer: {err}");
+                    continue;
+                }
+            };
             let bytes = message
                 .payload()
                 .expect("chat.events records have values")
@@ -206,10 +221,12 @@ impl Pipeline {
     pub fn start_receipts(&self, settings: pipeline::settings::Settings) -> ReceiptsProcessor {
         chatpipe_core::telemetry::init_logging();
         let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let thread = std::thread::spawn(move || pipeline::receipts::run(&settings, flag));
+        let readiness = pipeline::runtime::Readiness::default();
+        let (flag, r) = (stop.clone(), readiness.clone());
+        let thread = std::thread::spawn(move || pipeline::receipts::run_with(&settings, flag, &r));
         ReceiptsProcessor {
             stop,
+            readiness,
             thread: Some(thread),
         }
     }
@@ -243,6 +260,8 @@ pub async fn topic_exists(topic: &str) -> bool {
 /// A receipts processor on a thread of this test; stops (flushing) when told or dropped.
 pub struct ReceiptsProcessor {
     stop: Arc<AtomicBool>,
+    /// Its readers' state, as its `/readyz` would report it.
+    pub readiness: pipeline::runtime::Readiness,
     thread: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
 }
 

@@ -1,7 +1,7 @@
 //! Read state: the monotone watermark and "read by N".
 
+use chatpipe_core::watermark;
 use chatpipe_core::{ConversationId, Seq, UserId};
-use chatpipe_schemas::{ChatEvent, ReadUpdated};
 use serde::Serialize;
 
 use super::{now, Store};
@@ -25,22 +25,11 @@ pub async fn mark_read(
     seq: Seq,
 ) -> Result<ReadOutcome, ApiError> {
     let mut tx = db.pool.begin().await?;
-    let advanced_to: Option<i64> = sqlx::query_scalar(
-        "UPDATE conversation_member m
-            SET last_read_seq = LEAST($3, c.last_seq)
-           FROM conversation c
-          WHERE c.id = m.conversation_id
-            AND m.conversation_id = $1 AND m.user_id = $2
-            AND m.last_read_seq < LEAST($3, c.last_seq)
-      RETURNING m.last_read_seq",
-    )
-    .bind(conversation.get())
-    .bind(reader.get())
-    .bind(seq.get())
-    .fetch_optional(&mut *tx)
-    .await?;
+    let moved =
+        watermark::advance(&mut tx, &[((conversation.get(), reader.get()), seq.get())]).await?;
+    let advanced_to = moved.first().copied();
 
-    let Some(last_read_seq) = advanced_to else {
+    let Some(advanced) = advanced_to else {
         // Nothing moved: either the caller is no member, or the watermark is already there.
         let current: i64 = sqlx::query_scalar(
             "SELECT last_read_seq FROM conversation_member WHERE conversation_id = $1 AND user_id = $2",
@@ -55,13 +44,8 @@ pub async fn mark_read(
             advanced: false,
         });
     };
-    let event = ChatEvent::ReadUpdated(ReadUpdated {
-        conversation_id: conversation.get(),
-        user_id: reader.get(),
-        last_read_seq,
-        occurred_at: now(),
-    });
-    db.outbox.write(&mut tx, &[event]).await?;
+    let last_read_seq = advanced.last_read_seq;
+    db.outbox.write(&mut tx, &[advanced.event(now())]).await?;
     tx.commit().await?;
     metrics::counter!("read_watermark_advances_total").increment(1);
     Ok(ReadOutcome {

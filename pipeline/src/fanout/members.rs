@@ -1,81 +1,146 @@
-//! Who is in each conversation, kept current from the membership events of chat.events
-//! (conversation.created, member.joined, member.left) rather than a query per event.
-//! The table of a partition is rebuilt from that partition's history when the partition
-//! is assigned; a conversation whose creation is no longer in the topic (retention) is
-//! loaded from PostgreSQL once, then kept current from its events like the others.
+//! Who is in each conversation: fanout's membership store, Kafka-Streams style.
+//!
+//! Kept current from the membership events of chat.events (conversation.created,
+//! member.joined, member.left) rather than a query per event, bounded to
+//! `fanout.max_cached_conversations` entries (least recently used first out), and
+//! backed by a compacted changelog topic ([`super::changelog`]) that fanout writes as it
+//! applies changes and restores from when a partition is assigned. A conversation that
+//! is not in memory is loaded from PostgreSQL when it is next needed.
+//!
+//! Every entry remembers the chat.events offset of the last event applied to it, so an
+//! event replayed after a restart (offsets are committed after the changelog is written,
+//! so the changelog can be ahead of them) changes nothing.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
+use std::num::NonZeroUsize;
 
 use chatpipe_schemas::ChatEvent;
-
-#[derive(Debug, Default)]
-pub struct Members {
-    conversations: HashMap<i64, Conversation>,
-}
+use lru::LruCache;
 
 #[derive(Debug)]
-struct Conversation {
-    partition: i32,
-    members: HashSet<i64>,
+pub struct Members {
+    conversations: LruCache<i64, Conversation>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conversation {
+    pub partition: i32,
+    pub members: HashSet<i64>,
+    /// The chat.events offset of the last event applied (-1: none, loaded from
+    /// PostgreSQL just before the event at offset + 1).
+    pub offset: i64,
+}
+
+/// What applying an event did to the store, for the changelog.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Change {
+    /// The entry of this conversation changed: write it.
+    Wrote(i64),
+    /// A membership event for a conversation not in memory: the changelog's entry (if
+    /// any) is now stale, so tombstone it; the conversation is loaded when needed.
+    Unknown(i64),
+    /// Nothing to record.
+    None,
 }
 
 impl Members {
-    /// Whether the members of `conversation` are known (its creation was seen, or it was
-    /// loaded).
+    pub fn new(max_conversations: usize) -> Self {
+        Self {
+            conversations: LruCache::new(
+                NonZeroUsize::new(max_conversations).unwrap_or(NonZeroUsize::MIN),
+            ),
+        }
+    }
+
+    /// Whether the members of `conversation` are in memory.
     pub fn knows(&self, conversation: i64) -> bool {
-        self.conversations.contains_key(&conversation)
+        self.conversations.contains(&conversation)
     }
 
+    /// The members, without marking the entry as used.
     pub fn of(&self, conversation: i64) -> Option<&HashSet<i64>> {
-        self.conversations.get(&conversation).map(|c| &c.members)
+        self.conversations.peek(&conversation).map(|c| &c.members)
     }
 
-    /// Installs the members read from the database.
-    pub fn load(
-        &mut self,
-        conversation: i64,
-        partition: i32,
-        members: impl IntoIterator<Item = i64>,
-    ) {
-        self.conversations.insert(
-            conversation,
-            Conversation {
-                partition,
-                members: members.into_iter().collect(),
-            },
-        );
+    /// The whole entry (for the changelog).
+    pub fn entry(&self, conversation: i64) -> Option<&Conversation> {
+        self.conversations.peek(&conversation)
     }
 
-    /// Applies a membership event; other events change nothing. Joins and leaves of a
-    /// conversation not known are ignored: it is loaded when it is next needed.
-    pub fn apply(&mut self, partition: i32, event: &ChatEvent) {
-        match event {
-            ChatEvent::ConversationCreated(e) => {
-                self.conversations
-                    .entry(e.conversation_id)
-                    .or_insert_with(|| Conversation {
+    /// Marks the entry as just used (it is the last to be evicted).
+    pub fn touch(&mut self, conversation: i64) {
+        self.conversations.promote(&conversation);
+    }
+
+    /// Installs an entry (loaded from PostgreSQL or restored from the changelog).
+    /// Returns the conversation evicted to make room, if one was.
+    pub fn load(&mut self, conversation: i64, entry: Conversation) -> Option<i64> {
+        let evicted = self
+            .conversations
+            .push(conversation, entry)
+            .filter(|(c, _)| *c != conversation)
+            .map(|(c, _)| c);
+        if evicted.is_some() {
+            metrics::counter!("fanout_cache_evictions_total").increment(1);
+        }
+        evicted
+    }
+
+    /// Applies the event read at `offset` of `partition`; other events change nothing.
+    /// Events at or before an entry's offset were applied already and are skipped.
+    pub fn apply(&mut self, partition: i32, offset: i64, event: &ChatEvent) -> Change {
+        let conversation = event.conversation_id();
+        let (user, joined) = match event {
+            ChatEvent::ConversationCreated(_) => {
+                if self.knows(conversation) {
+                    return Change::None;
+                }
+                self.load(
+                    conversation,
+                    Conversation {
                         partition,
                         members: HashSet::new(),
-                    });
+                        offset,
+                    },
+                );
+                return Change::Wrote(conversation);
             }
-            ChatEvent::MemberJoined(e) => {
-                if let Some(c) = self.conversations.get_mut(&e.conversation_id) {
-                    c.members.insert(e.user_id);
-                }
-            }
-            ChatEvent::MemberLeft(e) => {
-                if let Some(c) = self.conversations.get_mut(&e.conversation_id) {
-                    c.members.remove(&e.user_id);
-                }
-            }
-            ChatEvent::MessageNew(_) | ChatEvent::ReadUpdated(_) => {}
+            ChatEvent::MemberJoined(e) => (e.user_id, true),
+            ChatEvent::MemberLeft(e) => (e.user_id, false),
+            ChatEvent::MessageNew(_) | ChatEvent::ReadUpdated(_) => return Change::None,
+        };
+        let Some(entry) = self.conversations.get_mut(&conversation) else {
+            return Change::Unknown(conversation);
+        };
+        if offset <= entry.offset {
+            return Change::None;
         }
+        entry.offset = offset;
+        if joined {
+            entry.members.insert(user);
+        } else {
+            entry.members.remove(&user);
+        }
+        Change::Wrote(conversation)
+    }
+
+    /// Forgets one conversation: it is loaded from PostgreSQL when next needed (an event
+    /// of it could not be read, so what this store holds may be wrong).
+    pub fn forget(&mut self, conversation: i64) {
+        self.conversations.pop(&conversation);
     }
 
     /// Forgets the conversations of partitions this member no longer owns.
     pub fn drop_partitions(&mut self, partitions: &[i32]) {
-        self.conversations
-            .retain(|_, c| !partitions.contains(&c.partition));
+        let gone: Vec<i64> = self
+            .conversations
+            .iter()
+            .filter(|(_, c)| partitions.contains(&c.partition))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in gone {
+            self.conversations.pop(&id);
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -122,41 +187,76 @@ mod tests {
         })
     }
 
+    fn sorted(m: &Members, c: i64) -> Vec<i64> {
+        let mut got: Vec<_> = m.of(c).unwrap().iter().copied().collect();
+        got.sort();
+        got
+    }
+
     #[test]
-    fn membership_follows_the_events_in_order() {
-        let mut m = Members::default();
-        for e in [
+    fn membership_follows_the_events_in_order_and_reports_each_change() {
+        let mut m = Members::new(10);
+        let events = [
             created(7),
             joined(7, 1),
             joined(7, 2),
             joined(7, 3),
             left(7, 2),
-        ] {
-            m.apply(0, &e);
+        ];
+        for (offset, e) in events.iter().enumerate() {
+            assert_eq!(m.apply(0, offset as i64, e), Change::Wrote(7));
         }
-        let mut got: Vec<_> = m.of(7).unwrap().iter().copied().collect();
-        got.sort();
-        assert_eq!(got, vec![1, 3]);
+        assert_eq!(sorted(&m, 7), vec![1, 3]);
+        assert_eq!(m.entry(7).unwrap().offset, 4);
+    }
+
+    #[test]
+    fn replayed_events_change_nothing() {
+        let mut m = Members::new(10);
+        m.apply(0, 10, &created(7));
+        m.apply(0, 11, &joined(7, 2));
+        m.apply(0, 12, &left(7, 2));
+        // A restart replays from an older committed offset: 2 must not come back.
+        assert_eq!(m.apply(0, 11, &joined(7, 2)), Change::None);
+        assert!(sorted(&m, 7).is_empty());
     }
 
     #[test]
     fn events_of_an_unknown_conversation_do_not_invent_one() {
-        let mut m = Members::default();
-        m.apply(0, &joined(8, 1));
+        let mut m = Members::new(10);
+        assert_eq!(m.apply(0, 0, &joined(8, 1)), Change::Unknown(8));
         assert!(
             !m.knows(8),
             "a join without the creation must be loaded, not guessed"
         );
-        m.load(8, 0, [1, 4]);
-        m.apply(0, &left(8, 4));
-        assert_eq!(m.of(8).unwrap().len(), 1);
+        m.load(
+            8,
+            Conversation {
+                partition: 0,
+                members: [1, 4].into(),
+                offset: 0,
+            },
+        );
+        m.apply(0, 1, &left(8, 4));
+        assert_eq!(sorted(&m, 8), vec![1]);
+    }
+
+    #[test]
+    fn the_least_recently_used_conversation_goes_first() {
+        let mut m = Members::new(2);
+        m.apply(0, 0, &created(1));
+        m.apply(0, 1, &created(2));
+        m.touch(1);
+        m.apply(0, 2, &created(3));
+        assert!(m.knows(1) && !m.knows(2) && m.knows(3));
+        assert_eq!(m.len(), 2);
     }
 
     #[test]
     fn revoked_partitions_are_forgotten() {
-        let mut m = Members::default();
-        m.apply(0, &created(1));
-        m.apply(3, &created(2));
+        let mut m = Members::new(10);
+        m.apply(0, 0, &created(1));
+        m.apply(3, 0, &created(2));
         m.drop_partitions(&[3]);
         assert!(m.knows(1) && !m.knows(2));
     }

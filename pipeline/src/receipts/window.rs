@@ -45,6 +45,25 @@ impl Batch {
     pub fn is_empty(&self) -> bool {
         self.watermarks.is_empty() && self.offsets.is_empty()
     }
+
+    /// Folds `other` in: the higher seq per key, the higher offset per partition.
+    pub fn merge(&mut self, other: Batch) {
+        let mut watermarks: HashMap<MemberKey, i64> = self.watermarks.drain(..).collect();
+        for (key, seq) in other.watermarks {
+            let e = watermarks.entry(key).or_insert(seq);
+            *e = (*e).max(seq);
+        }
+        let mut offsets: HashMap<i32, i64> = self.offsets.drain(..).collect();
+        for (p, o) in other.offsets {
+            let e = offsets.entry(p).or_insert(o);
+            *e = (*e).max(o);
+        }
+        self.watermarks = watermarks.into_iter().collect();
+        self.watermarks.sort_unstable();
+        self.offsets = offsets.into_iter().collect();
+        self.offsets.sort_unstable();
+        self.receipts += other.receipts;
+    }
 }
 
 impl Window {
@@ -182,6 +201,23 @@ mod tests {
         assert!(!w.due(now), "two distinct keys");
         w.add(0, 3, (1, 3), 1, now);
         assert!(w.due(now), "three distinct keys fill the batch");
+    }
+
+    #[test]
+    fn merged_batches_keep_the_highest_seq_and_offset() {
+        let mut a = Batch {
+            watermarks: vec![((1, 1), 5), ((1, 2), 9)],
+            offsets: vec![(0, 10)],
+            receipts: 3,
+        };
+        a.merge(Batch {
+            watermarks: vec![((1, 1), 7), ((2, 1), 1)],
+            offsets: vec![(0, 8), (1, 4)],
+            receipts: 2,
+        });
+        assert_eq!(a.watermarks, vec![((1, 1), 7), ((1, 2), 9), ((2, 1), 1)]);
+        assert_eq!(a.offsets, vec![(0, 10), (1, 4)]);
+        assert_eq!(a.receipts, 5);
     }
 
     #[tokio::test(start_paused = true)]

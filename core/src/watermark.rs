@@ -1,0 +1,73 @@
+//! The monotone watermark UPDATE (invariant 4), in one place for every writer of
+//! read state: ingest-api's direct mode (one receipt per request) and the receipts
+//! processor's flush (a whole debounce window at once).
+//!
+//! A watermark moves only forwards and never past the conversation's `last_seq`; a row
+//! that would not move is not touched. The statement returns exactly the rows that
+//! moved, which are the ones that get a `read.updated` event. Replaying a batch changes
+//! nothing, which is what makes at-least-once delivery of receipts harmless.
+
+use chatpipe_schemas::{ChatEvent, ReadUpdated};
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+
+/// One member's watermark after it moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Advanced {
+    pub conversation_id: i64,
+    pub user_id: i64,
+    pub last_read_seq: i64,
+}
+
+impl Advanced {
+    /// The `read.updated` event that reports the move.
+    pub fn event(&self, occurred_at: DateTime<Utc>) -> ChatEvent {
+        ChatEvent::ReadUpdated(ReadUpdated {
+            conversation_id: self.conversation_id,
+            user_id: self.user_id,
+            last_read_seq: self.last_read_seq,
+            occurred_at,
+        })
+    }
+}
+
+/// Moves each `(conversation, user)` watermark to `LEAST(seq, last_seq)` if that is
+/// further than it stands, in the caller's transaction, as one statement. Members that
+/// do not exist are skipped. Returns the rows that moved, ordered by (conversation,
+/// user). Callers pass batches sorted by key, so concurrent flushes lock rows in one
+/// order.
+pub async fn advance(
+    conn: &mut PgConnection,
+    marks: &[((i64, i64), i64)],
+) -> Result<Vec<Advanced>, sqlx::Error> {
+    if marks.is_empty() {
+        return Ok(Vec::new());
+    }
+    let conversations: Vec<i64> = marks.iter().map(|((c, _), _)| *c).collect();
+    let users: Vec<i64> = marks.iter().map(|((_, u), _)| *u).collect();
+    let seqs: Vec<i64> = marks.iter().map(|(_, s)| *s).collect();
+    let mut moved: Vec<(i64, i64, i64)> = sqlx::query_as(
+        "UPDATE conversation_member m
+            SET last_read_seq = LEAST(b.seq, c.last_seq)
+           FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS b(conversation_id, user_id, seq)
+           JOIN conversation c ON c.id = b.conversation_id
+          WHERE m.conversation_id = b.conversation_id
+            AND m.user_id = b.user_id
+            AND m.last_read_seq < LEAST(b.seq, c.last_seq)
+      RETURNING m.conversation_id, m.user_id, m.last_read_seq",
+    )
+    .bind(&conversations)
+    .bind(&users)
+    .bind(&seqs)
+    .fetch_all(conn)
+    .await?;
+    moved.sort_unstable();
+    Ok(moved
+        .into_iter()
+        .map(|(conversation_id, user_id, last_read_seq)| Advanced {
+            conversation_id,
+            user_id,
+            last_read_seq,
+        })
+        .collect())
+}

@@ -1,0 +1,326 @@
+//! The fanout processor proper: each chat.events record joined with the conversation's
+//! members and the presence table, produced as one fanout list per gateway.
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use chatpipe_schemas::delivery::DeliveryCodec;
+use chatpipe_schemas::ChatEvent;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+use sqlx::PgPool;
+use tokio::runtime::Handle;
+
+use super::changelog::Changelog;
+use super::commits::{DeliveryReport, PendingOffsets, Unacked};
+use super::members::{Change, Conversation, Members};
+use super::plan::{self, Coalescer, Routed};
+use super::{key_conversation, now_ms, Status};
+use crate::runtime::{Failure, Position, Processor, WriterSchemas};
+use crate::settings::FanoutSettings;
+
+pub struct Fanout {
+    pub handle: Handle,
+    /// For restores (the reader decodes the live records with its own).
+    pub schemas: WriterSchemas,
+    pub pool: PgPool,
+    pub codec: DeliveryCodec,
+    pub producer: ThreadedProducer<DeliveryReport>,
+    pub unacked: Arc<Unacked>,
+    pub status: Arc<Status>,
+    pub cfg: FanoutSettings,
+    pub brokers: String,
+    pub members: Members,
+    pub changelog: Changelog,
+    /// Partitions whose changelog has been read since they were assigned.
+    pub restored: HashSet<i32>,
+    pub coalescer: Coalescer,
+    /// Number of the next list produced.
+    pub sent: u64,
+    pub offsets: PendingOffsets,
+    pub next_tick: Instant,
+}
+
+impl Processor for Fanout {
+    type Record = ChatEvent;
+
+    fn apply(&mut self, at: Position, event: ChatEvent) -> Result<(), Failure> {
+        if !self.restored.contains(&at.partition) {
+            self.restore(at.partition)?;
+        }
+        self.fan_out(at, &event)?;
+        self.offsets.read(at.partition, at.offset);
+        self.status.events.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// An event that cannot be read may have changed membership: its conversation is
+    /// forgotten (here and in the changelog) and loaded from PostgreSQL when next needed.
+    fn skip(&mut self, at: Position, key: Option<&[u8]>) {
+        if let Some(conversation) = key_conversation(key) {
+            self.members.forget(conversation);
+            if let Err(err) = self.write_changelog(at.partition, conversation) {
+                tracing::warn!("tombstoning the changelog entry of {conversation}: {err}");
+            }
+        }
+        self.offsets.read(at.partition, at.offset);
+    }
+
+    fn tick(&mut self) -> Result<(), Failure> {
+        if Instant::now() < self.next_tick {
+            return Ok(());
+        }
+        self.next_tick = Instant::now() + Duration::from_millis(self.cfg.tick_ms);
+        let now = now_ms();
+        let routed = {
+            let online = self.status.online.lock().expect("presence lock");
+            let members = &self.members;
+            self.coalescer.drain(|c| members.of(c), &online, now)
+        };
+        for r in routed {
+            if let Err(err) = self.send(r) {
+                tracing::warn!("coalesced read: {err:#}");
+            }
+        }
+        let (online, gone) = {
+            let mut table = self.status.online.lock().expect("presence lock");
+            let gone = table.forget(now - self.cfg.presence_forget_ms as i64);
+            (table.online_users(now), gone)
+        };
+        metrics::gauge!("fanout_presence_online").set(online as f64);
+        self.tombstone(&gone);
+        self.offsets.snapshot(self.sent);
+        Ok(())
+    }
+
+    fn committable(&mut self) -> Vec<(i32, i64)> {
+        let (oldest, waiting) = self.unacked.oldest();
+        metrics::gauge!("fanout_unacked_lists").set(waiting as f64);
+        self.offsets.releasable(oldest).into_iter().collect()
+    }
+
+    fn revoke(&mut self, partitions: &[i32]) {
+        self.members.drop_partitions(partitions);
+        for p in partitions {
+            self.restored.remove(p);
+        }
+        self.offsets.forget(partitions);
+    }
+
+    /// What was fanned out is acknowledged before the final commit.
+    fn finish(&mut self) -> Result<(), Failure> {
+        self.offsets.snapshot(self.sent);
+        self.producer
+            .flush(Duration::from_secs(10))
+            .context("flushing fanout lists")
+            .map_err(Failure::Retriable)
+    }
+}
+
+impl Fanout {
+    /// Restores the membership of `partition`'s conversations from the changelog.
+    fn restore(&mut self, partition: i32) -> Result<(), Failure> {
+        let started = Instant::now();
+        // A failed attempt may have loaded part of it: start clean.
+        self.members.drop_partitions(&[partition]);
+        let read = self.changelog.restore(
+            &self.brokers,
+            &self.cfg.group,
+            partition,
+            &mut self.schemas,
+            &mut self.members,
+        )?;
+        self.restored.insert(partition);
+        metrics::counter!("fanout_restored_records_total").increment(read);
+        self.status
+            .restored_records
+            .fetch_add(read, Ordering::Relaxed);
+        metrics::gauge!("fanout_conversations").set(self.members.len() as f64);
+        tracing::info!(
+            partition,
+            read,
+            conversations = self.members.len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "membership restored from the changelog"
+        );
+        Ok(())
+    }
+
+    /// Writes the changelog entry of `conversation` as the store holds it now (a
+    /// tombstone if it holds nothing), on `partition`; offsets wait for its ack.
+    fn write_changelog(&mut self, partition: i32, conversation: i64) -> Result<(), Failure> {
+        let value = self.changelog.value(&self.members, conversation);
+        let key = conversation.to_string();
+        let n = self.sent;
+        self.sent += 1;
+        self.unacked.add(n);
+        let mut record = BaseRecord::with_opaque_to(&self.changelog.topic, n as usize)
+            .partition(partition)
+            .key(&key);
+        if let Some(value) = &value {
+            record = record.payload(value);
+        }
+        self.produce(record, n)?;
+        metrics::counter!("fanout_changelog_writes_total").increment(1);
+        Ok(())
+    }
+
+    fn fan_out(&mut self, at: Position, event: &ChatEvent) -> Result<(), Failure> {
+        metrics::counter!("fanout_events_total", "type" => event.event_type()).increment(1);
+        let conversation = event.conversation_id();
+        match event {
+            // A membership change is applied to what is in memory; one for a
+            // conversation that is not makes the changelog's entry stale (tombstoned).
+            ChatEvent::ConversationCreated(_)
+            | ChatEvent::MemberJoined(_)
+            | ChatEvent::MemberLeft(_) => {
+                match self.members.apply(at.partition, at.offset, event) {
+                    Change::Wrote(c) | Change::Unknown(c) => {
+                        self.write_changelog(at.partition, c)?;
+                    }
+                    Change::None => {}
+                }
+                return Ok(());
+            }
+            ChatEvent::MessageNew(_) | ChatEvent::ReadUpdated(_) => {
+                if self.members.knows(conversation) {
+                    self.members.touch(conversation);
+                } else {
+                    self.load_members(conversation, at)?;
+                }
+            }
+        }
+        let occurred_at = match event {
+            ChatEvent::MessageNew(e) => e.created_at,
+            ChatEvent::ReadUpdated(e) => e.occurred_at,
+            _ => return Ok(()),
+        };
+        let age = chrono::Utc::now() - occurred_at;
+        metrics::histogram!("fanout_event_age_seconds")
+            .record(age.num_microseconds().unwrap_or(i64::MAX).max(0) as f64 / 1e6);
+        if age.num_milliseconds() > self.cfg.max_age_ms as i64 {
+            metrics::counter!("fanout_stale_skipped_total").increment(1);
+            return Ok(());
+        }
+        let Some(members) = self.members.of(conversation) else {
+            return Ok(());
+        };
+        let now = now_ms();
+        let routed = {
+            let online = self.status.online.lock().expect("presence lock");
+            match event {
+                ChatEvent::MessageNew(e) => {
+                    plan::message_new(e, members, &online, now, self.cfg.light_threshold)
+                }
+                ChatEvent::ReadUpdated(e) if members.len() > self.cfg.light_threshold => {
+                    self.coalescer.add(e);
+                    plan::read_updated_to_reader(e, &online, now)
+                }
+                ChatEvent::ReadUpdated(e) => plan::read_updated(e, members, &online, now),
+                _ => Vec::new(),
+            }
+        };
+        for r in routed {
+            self.send(r)?;
+        }
+        Ok(())
+    }
+
+    /// The members of a conversation not in memory (evicted, never seen, or one of its
+    /// events could not be read): from PostgreSQL, then kept from its events.
+    fn load_members(&mut self, conversation: i64, at: Position) -> Result<(), Failure> {
+        let users: Vec<i64> = self
+            .handle
+            .block_on(
+                sqlx::query_scalar(
+                    "SELECT user_id FROM conversation_member WHERE conversation_id = $1",
+                )
+                .bind(conversation)
+                .fetch_all(&self.pool),
+            )
+            .with_context(|| format!("loading the members of conversation {conversation}"))
+            .map_err(Failure::Retriable)?;
+        metrics::counter!("fanout_membership_loads_total").increment(1);
+        self.status.membership_loads.fetch_add(1, Ordering::Relaxed);
+        self.members.load(
+            conversation,
+            Conversation {
+                partition: at.partition,
+                members: users.into_iter().collect(),
+                // The database is at least as new as this event: apply what follows.
+                offset: at.offset - 1,
+            },
+        );
+        Ok(())
+    }
+
+    fn send(&mut self, r: Routed) -> Result<(), Failure> {
+        let payload = self.codec.encode(&r.delivery);
+        let key = r.delivery.conversation_id.to_string();
+        let users = r.delivery.user_ids.len();
+        let n = self.sent;
+        self.sent += 1;
+        self.unacked.add(n);
+        tracing::debug!(
+            conversation_id = r.delivery.conversation_id,
+            seq = r.delivery.seq,
+            partition = r.partition,
+            users,
+            "fanout list"
+        );
+        let record = BaseRecord::with_opaque_to(&self.cfg.deliveries_topic, n as usize)
+            .partition(r.partition)
+            .key(&key)
+            .payload(&payload);
+        self.produce(record, n)?;
+        metrics::counter!("fanout_deliveries_total").increment(1);
+        metrics::counter!("fanout_recipients_total").increment(users as u64);
+        metrics::histogram!("fanout_list_size").record(users as f64);
+        Ok(())
+    }
+
+    /// Hands a record numbered `n` to the producer, waiting while its queue is full.
+    fn produce(
+        &self,
+        mut record: BaseRecord<'_, String, Vec<u8>, usize>,
+        n: u64,
+    ) -> Result<(), Failure> {
+        loop {
+            match self.producer.send(record) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    // The bound (fanout.produce_queue_max) holds: wait for the broker.
+                    metrics::counter!("fanout_produce_queue_full_total").increment(1);
+                    std::thread::sleep(Duration::from_millis(5));
+                    record = back;
+                }
+                Err((err, _)) => {
+                    self.unacked.done(n);
+                    return Err(Failure::retriable(
+                        anyhow::Error::from(err).context("producing to Kafka"),
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Writes tombstones for presence entries whose gateway stopped renewing them long
+    /// ago, so chat.presence does not keep dead gateways' users forever. Several fanout
+    /// members may write the same tombstone; that is harmless.
+    fn tombstone(&self, gone: &[(i64, Arc<str>)]) {
+        for (user, gateway) in gone {
+            let key = chatpipe_schemas::presence::key(*user, gateway);
+            let record: BaseRecord<'_, str, [u8], usize> =
+                BaseRecord::with_opaque_to(&self.cfg.presence_topic, usize::MAX).key(&key);
+            // Not waited for: the tombstone is housekeeping, not a condition for progress.
+            if let Err((err, _)) = self.producer.send(record) {
+                tracing::warn!("tombstoning {key}: {err}");
+            } else {
+                metrics::counter!("fanout_presence_tombstones_total").increment(1);
+            }
+        }
+    }
+}

@@ -1,0 +1,91 @@
+//! Decoding records: writer schemas by the id in each record's frame, asked of the
+//! registry once per id and kept, with the registry's answers sorted into outages
+//! (retried) and bad records (dead-lettered).
+
+use std::collections::HashMap;
+
+use apache_avro::Schema;
+use chatpipe_schemas::avro::{from_value, read_with, split_frame};
+use chatpipe_schemas::delivery::Delivery;
+use chatpipe_schemas::receipt::ReadReceipt;
+use chatpipe_schemas::registry::Registry;
+use chatpipe_schemas::ChatEvent;
+use rdkafka::Message;
+use tokio::runtime::Handle;
+
+use super::Failure;
+
+/// Writer schemas by id, held by one reader thread.
+pub struct WriterSchemas {
+    cache: HashMap<u32, Schema>,
+    registry: Registry,
+    handle: Handle,
+}
+
+impl WriterSchemas {
+    /// `handle` must belong to a runtime with a worker thread of its own (see
+    /// [`super::reader_runtime`]): lookups block the reader thread on it.
+    pub fn new(registry: Registry, handle: Handle) -> Self {
+        Self {
+            cache: HashMap::new(),
+            registry,
+            handle,
+        }
+    }
+
+    /// The schema the framed `bytes` were written with. Not framed, or an id the
+    /// registry does not have: poison. The registry not answering: retriable.
+    pub fn of(&mut self, bytes: &[u8]) -> Result<&Schema, Failure> {
+        let (id, _) = split_frame(bytes).map_err(|e| Failure::poison(e.to_string()))?;
+        match self.cache.entry(id) {
+            std::collections::hash_map::Entry::Occupied(e) => Ok(e.into_mut()),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let schema = self.handle.block_on(self.registry.writer_schema(id))?;
+                Ok(e.insert(schema))
+            }
+        }
+    }
+
+    /// The value of `message`, with its writer schema. A record without a value is poison.
+    pub fn framed<'m>(
+        &mut self,
+        message: &'m impl Message,
+    ) -> Result<(&Schema, &'m [u8]), Failure> {
+        let bytes = message
+            .payload()
+            .ok_or_else(|| Failure::poison("record without a value"))?;
+        Ok((self.of(bytes)?, bytes))
+    }
+}
+
+/// A record type a reader decodes its topic's values into.
+pub trait Decode: Sized {
+    fn decode(message: &impl Message, schemas: &mut WriterSchemas) -> Result<Self, Failure>;
+}
+
+fn poison(e: impl std::fmt::Display) -> Failure {
+    Failure::poison(e.to_string())
+}
+
+impl Decode for ChatEvent {
+    fn decode(message: &impl Message, schemas: &mut WriterSchemas) -> Result<Self, Failure> {
+        let (writer, bytes) = schemas.framed(message)?;
+        read_with(writer, bytes)
+            .and_then(from_value)
+            .map_err(poison)
+    }
+}
+
+impl Decode for ReadReceipt {
+    fn decode(message: &impl Message, schemas: &mut WriterSchemas) -> Result<Self, Failure> {
+        let (writer, bytes) = schemas.framed(message)?;
+        ReadReceipt::decode_with(writer, bytes).map_err(poison)
+    }
+}
+
+impl Decode for Delivery {
+    fn decode(message: &impl Message, schemas: &mut WriterSchemas) -> Result<Self, Failure> {
+        let (writer, bytes) = schemas.framed(message)?;
+        Delivery::decode_with(writer, bytes).map_err(poison)
+    }
+}

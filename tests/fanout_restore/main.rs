@@ -1,0 +1,191 @@
+//! Fanout's restore cost follows the live conversations, not the history: with a million
+//! records of chat.events behind it, a restarted fanout reads its membership back from
+//! the compacted changelog. Its own test binary: producing a million records would
+//! starve the timing-sensitive push tests running beside it.
+
+use std::time::{Duration, Instant};
+
+use chatpipe_schemas::registry::Registry;
+use chatpipe_schemas::{ChatEvent, ConversationCreated, MemberJoined, MessageNew};
+use chatpipe_tests::registry_url;
+use chatpipe_tests::stream::{brokers, spawn_pipeline};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::{Offset, TopicPartitionList};
+
+const PUSH_DEADLINE: Duration = Duration::from_secs(20);
+const PRESENCE_DEADLINE: Duration = Duration::from_secs(20);
+
+fn is_message(conversation: i64, seq: i64) -> impl Fn(&serde_json::Value) -> bool {
+    move |f| f["type"] == "message.new" && f["conversationId"] == conversation && f["seq"] == seq
+}
+
+const CONVERSATIONS: i64 = 10_000;
+const HISTORY: i64 = 1_000_000;
+/// Synthetic conversations get ids far above the real ones the API hands out.
+const FIRST_ID: i64 = 1_000_000;
+
+/// Produces `events` to `topic` keyed by conversation id (murmur2, as Debezium
+/// partitions), waiting for every ack.
+fn produce_all(topic: &str, events: impl Iterator<Item = (i64, Vec<u8>)>) -> u64 {
+    let producer: ThreadedProducer<DefaultProducerContext> =
+        chatpipe_core::kafka::producer_config(&brokers())
+            .set("linger.ms", "20")
+            .set("batch.num.messages", "10000")
+            .set("queue.buffering.max.messages", "500000")
+            .create()
+            .unwrap();
+    let mut n = 0;
+    for (conversation, value) in events {
+        let key = conversation.to_string();
+        let mut record = BaseRecord::to(topic).key(&key).payload(&value);
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((_, back)) => {
+                    // The local queue is full: let the broker catch up.
+                    producer.poll(Duration::from_millis(10));
+                    record = back;
+                }
+            }
+        }
+        n += 1;
+    }
+    producer.flush(Duration::from_secs(120)).unwrap();
+    n
+}
+
+#[tokio::test]
+async fn a_fanout_restarted_after_a_million_records_restores_from_the_changelog() {
+    let p = spawn_pipeline().await;
+    let codec = Registry::new(&registry_url(), Duration::from_secs(5))
+        .unwrap()
+        .event_codec_for(&p.events_subject)
+        .await
+        .unwrap();
+    let long_ago = chrono::Utc::now() - chrono::Duration::days(3);
+
+    // History: a million messages the new fanout group will never need to read.
+    let started = Instant::now();
+    let topic = p.topic.clone();
+    let history = {
+        let codec = codec.clone();
+        tokio::task::spawn_blocking(move || {
+            produce_all(
+                &topic,
+                (0..HISTORY).map(|i| {
+                    let conversation = FIRST_ID + i % CONVERSATIONS;
+                    let event = ChatEvent::MessageNew(MessageNew {
+                        conversation_id: conversation,
+                        seq: i / CONVERSATIONS + 1,
+                        sender_id: 1,
+                        client_msg_id: uuid::Uuid::nil(),
+                        body: "old".into(),
+                        created_at: long_ago,
+                    });
+                    (conversation, codec.encode(&event))
+                }),
+            )
+        })
+        .await
+        .unwrap()
+    };
+    eprintln!(
+        "{history} records of history produced in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    // The fanout group starts after the history, as if it had processed it long ago.
+    let group = p.fanout_settings().fanout.group;
+    let committer: BaseConsumer = chatpipe_core::kafka::consumer_config(&brokers(), &group)
+        .create()
+        .unwrap();
+    let mut ends = TopicPartitionList::new();
+    for partition in 0..6 {
+        let (_, high) = committer
+            .fetch_watermarks(&p.topic, partition, Duration::from_secs(10))
+            .unwrap();
+        ends.add_partition_offset(&p.topic, partition, Offset::Offset(high))
+            .unwrap();
+    }
+    committer.commit(&ends, CommitMode::Sync).unwrap();
+    drop(committer);
+
+    // The live state: 10,000 conversations of two members each, and one real one.
+    let topic = p.topic.clone();
+    let membership = tokio::task::spawn_blocking(move || {
+        produce_all(
+            &topic,
+            (0..CONVERSATIONS).flat_map(|i| {
+                let conversation = FIRST_ID + i;
+                let created = ChatEvent::ConversationCreated(ConversationCreated {
+                    conversation_id: conversation,
+                    conversation_type: "GROUP".into(),
+                    title: None,
+                    created_by: 1,
+                    occurred_at: long_ago,
+                });
+                let joined = |user| {
+                    ChatEvent::MemberJoined(MemberJoined {
+                        conversation_id: conversation,
+                        user_id: user,
+                        last_read_seq: 0,
+                        added_by: 1,
+                        occurred_at: long_ago,
+                    })
+                };
+                [created, joined(1), joined(2 + i)].map(|e| (conversation, codec.encode(&e)))
+            }),
+        )
+    })
+    .await
+    .unwrap();
+    let (alice, bob) = (1, 2);
+    let conversation = p.app.user(alice).create_group(&[bob]).await;
+
+    // The first fanout applies the live state and writes its changelog.
+    let first = p.start_fanout(p.fanout_settings());
+    let until = Instant::now() + Duration::from_secs(120);
+    // Created + two joins for the real conversation, through CDC.
+    while first.status.events() < membership + 3 {
+        assert!(
+            Instant::now() < until,
+            "the first fanout applied {} of {} membership events",
+            first.status.events(),
+            membership + 3
+        );
+        assert!(first.is_running(), "the first fanout stopped");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    first.stop().unwrap();
+
+    // The restarted fanout knows every member without reading the history.
+    let gw = p.start_gateway(p.gateway_settings("gw", 0)).await;
+    let mut ws = p.connect(&gw.url, bob).await;
+    let restarted = Instant::now();
+    let second = p.start_fanout(p.fanout_settings());
+    second.wait_online(&[bob], PRESENCE_DEADLINE).await;
+    let seq = p.app.user(alice).send_message(conversation, "after").await;
+    let (frame, _) = ws.until(PUSH_DEADLINE, is_message(conversation, seq)).await;
+    assert_eq!(frame["body"], "after");
+    let restored = second.status.restored_records();
+    eprintln!(
+        "restart after {} records of chat.events: {restored} changelog records restored, a push {:.1} s after the start",
+        history + membership + 3,
+        restarted.elapsed().as_secs_f64()
+    );
+    assert!(
+        restored <= (CONVERSATIONS as u64 + 1) * 3,
+        "at most one changelog record per membership change: {restored}"
+    );
+    assert!(
+        restored >= 3,
+        "the real conversation came from the changelog: {restored}"
+    );
+    assert_eq!(
+        second.status.membership_loads(),
+        0,
+        "no conversation had to be loaded from PostgreSQL"
+    );
+    gw.stop().await.unwrap();
+    p.cleanup().await;
+}

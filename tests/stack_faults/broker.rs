@@ -1,0 +1,193 @@
+//! The broker stalled (SIGSTOP) for 90 s, as a long GC pause, a frozen VM or a network
+//! partition would, and the broker restarted: every service of ours waits it out and
+//! resumes by itself.
+
+use std::time::{Duration, Instant};
+
+use chatpipe_tests::push::Collector;
+use chatpipe_tests::stream::spawn_pipeline_with;
+use ingest_api::configuration::ReadMode;
+use serde_json::Value;
+
+use crate::{messages, one_fault_at_a_time, stack, stack_pid, StartOnPanic};
+
+const STALL: Duration = Duration::from_secs(90);
+/// What the issue allows for pushes and CDC to come back after the broker does.
+const RECOVERY: Duration = Duration::from_secs(30);
+
+/// The broker process, stopped; resumed when dropped (a failing test never leaves the
+/// stack frozen for the next one).
+struct Stalled(i32);
+
+impl Stalled {
+    fn broker() -> Self {
+        let pid = stack_pid("kafka");
+        signal("-STOP", pid);
+        Stalled(pid)
+    }
+}
+
+impl Drop for Stalled {
+    fn drop(&mut self) {
+        signal("-CONT", self.0);
+    }
+}
+
+fn signal(sig: &str, pid: i32) {
+    let status = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {sig} {pid}");
+}
+
+fn is_message(conversation: i64, seq: i64) -> impl Fn(&Value) -> bool {
+    move |f| f["type"] == "message.new" && f["conversationId"] == conversation && f["seq"] == seq
+}
+
+/// What happens to the broker in a drill.
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    /// SIGSTOP, wait, SIGCONT.
+    Stall(Duration),
+    /// `scripts/stack restart kafka`: a clean stop and a start.
+    Restart,
+}
+
+#[tokio::test]
+async fn a_broker_stalled_for_90_s_is_waited_out_and_pushes_cdc_and_receipts_resume() {
+    broker_fault(Fault::Stall(STALL)).await;
+}
+
+#[tokio::test]
+async fn a_restarted_broker_is_waited_out_and_pushes_cdc_and_receipts_resume() {
+    broker_fault(Fault::Restart).await;
+}
+
+async fn broker_fault(fault: Fault) {
+    let _turn = one_fault_at_a_time().await;
+    let p = spawn_pipeline_with(ReadMode::Stream).await;
+    let receipts = p.start_receipts(p.receipts_settings());
+    let fanout = p.start_fanout(p.fanout_settings());
+    let gw = p.start_gateway(p.gateway_settings("gw", 0)).await;
+    let (alice, bob) = (1, 2);
+    let conversation = p.app.user(alice).create_group(&[bob]).await;
+    let mut bob_ws: Collector = p.connect(&gw.url, bob).await.collect();
+    fanout.wait_online(&[bob], Duration::from_secs(20)).await;
+    let first = p.app.user(alice).send_message(conversation, "before").await;
+    bob_ws
+        .until(Duration::from_secs(20), is_message(conversation, first))
+        .await;
+
+    let _restart = StartOnPanic("kafka");
+    // PostgreSQL alone acknowledges sends: they are committed with their outbox rows.
+    let send_during = || async {
+        let mut during = Vec::new();
+        for i in 0..5 {
+            during.push(
+                p.app
+                    .user(alice)
+                    .send_message(conversation, &format!("during {i}"))
+                    .await,
+            );
+        }
+        during
+    };
+    let during = match fault {
+        Fault::Stall(stall) => {
+            let stalled = Stalled::broker();
+            eprintln!("broker stalled (SIGSTOP) for {stall:?}");
+            let during = send_during().await;
+            // The fault itself lasts this long; nothing to poll for.
+            tokio::time::sleep(stall).await;
+            drop(stalled);
+            during
+        }
+        Fault::Restart => {
+            stack(&["down", "kafka"]).await;
+            let during = send_during().await;
+            stack(&["start", "kafka"]).await;
+            during
+        }
+    };
+    let resumed = Instant::now();
+    eprintln!("broker back ({fault:?})");
+
+    // Pushes resume on bob's open WebSocket. The first messages after a long outage may
+    // find bob's presence lease expired (his gateway could not renew it while the broker
+    // was away) until the gateway's renewal is read: those are not pushed (pushes are
+    // best effort, clients catch up over REST). So: a message every 2 s until one is.
+    let mut after;
+    loop {
+        after = p.app.user(alice).send_message(conversation, "after").await;
+        let wait = Duration::from_secs(2);
+        if bob_ws
+            .try_until(wait, is_message(conversation, after))
+            .await
+            .is_some()
+        {
+            break;
+        }
+        assert!(
+            resumed.elapsed() < RECOVERY,
+            "no push reached bob's WebSocket within {RECOVERY:?} of the broker's return"
+        );
+    }
+    let push_back = resumed.elapsed();
+    // CDC: every message, the ones sent during the stall included, is on chat.events.
+    let expected: Vec<(i64, i64)> = std::iter::once(first)
+        .chain(during.iter().copied())
+        .chain([after])
+        .map(|s| (conversation, s))
+        .collect();
+    let left = RECOVERY.saturating_sub(resumed.elapsed()) + Duration::from_secs(1);
+    p.consume_until(left, |rs| {
+        let seen = messages(rs);
+        expected.iter().all(|m| seen.contains(m))
+    })
+    .await;
+    let cdc_back = resumed.elapsed();
+    // Receipts: a read accepted now is flushed (the producer and the processor resumed).
+    let until = Instant::now() + RECOVERY;
+    loop {
+        let res = p
+            .app
+            .user(bob)
+            .post(
+                &format!("/conversations/{conversation}/read"),
+                serde_json::json!({"seq": after}),
+            )
+            .await;
+        if res.status == 202 {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "POST /read still {} after the broker came back",
+            res.status
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    while p.app.watermark(conversation, bob).await < Some(after) {
+        assert!(
+            Instant::now() < until,
+            "bob's read was not flushed within {RECOVERY:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let receipts_back = resumed.elapsed();
+    eprintln!(
+        "after the broker came back ({fault:?}): push {:.1} s, every message on chat.events {:.1} s, read flushed {:.1} s",
+        push_back.as_secs_f64(),
+        cdc_back.as_secs_f64(),
+        receipts_back.as_secs_f64()
+    );
+    // The messages sent during the stall are older than fanout.max_age_ms (60 s) by the
+    // time they stream: not pushed; clients catch up over REST (afterSeq).
+    assert!(
+        receipts.is_running() && fanout.is_running(),
+        "nothing was restarted"
+    );
+    gw.stop().await.unwrap();
+    p.cleanup().await;
+}

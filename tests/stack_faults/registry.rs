@@ -1,0 +1,201 @@
+//! The schema registry stopped for 30 s while messages, membership changes and receipts
+//! flow. Readers that meet a schema id they have not fetched yet hold their position
+//! and retry: nothing is dead-lettered, nothing lost, and the order is kept, so a member
+//! removed during the outage never receives a later message body.
+
+use std::time::{Duration, Instant};
+
+use chatpipe_tests::push::Collector;
+use chatpipe_tests::stream::{brokers, spawn_pipeline_with};
+use ingest_api::configuration::ReadMode;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use serde_json::{json, Value};
+
+use crate::{one_fault_at_a_time, stack, StartOnPanic};
+
+const OUTAGE: Duration = Duration::from_secs(30);
+
+fn is_message(conversation: i64, seq: i64) -> impl Fn(&Value) -> bool {
+    move |f| f["type"] == "message.new" && f["conversationId"] == conversation && f["seq"] == seq
+}
+
+/// Records in `topic` (high watermark minus low, summed over partitions).
+fn records_in(topic: &str) -> i64 {
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .unwrap();
+    let metadata = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .unwrap();
+    metadata.topics()[0]
+        .partitions()
+        .iter()
+        .map(|p| {
+            let (low, high) = consumer
+                .fetch_watermarks(topic, p.id(), Duration::from_secs(10))
+                .unwrap();
+            high - low
+        })
+        .sum()
+}
+
+#[tokio::test]
+async fn a_registry_outage_is_waited_out_nothing_dead_lettered_nothing_lost() {
+    let _turn = one_fault_at_a_time().await;
+    let p = spawn_pipeline_with(ReadMode::Stream).await;
+    // Short stall threshold so that /readyz shows the outage within the test.
+    let mut rs = p.receipts_settings();
+    rs.readers.stall_after_ms = 5_000;
+    let receipts = p.start_receipts(rs);
+    let mut fs = p.fanout_settings();
+    fs.readers.stall_after_ms = 5_000;
+    let fanout = p.start_fanout(fs);
+    let gw = p.start_gateway(p.gateway_settings("gw", 0)).await;
+    let (alice, bob, carol, dave) = (1, 2, 3, 4);
+    let mut bob_ws: Collector = p.connect(&gw.url, bob).await.collect();
+    let mut carol_ws: Collector = p.connect(&gw.url, carol).await.collect();
+    fanout
+        .wait_online(&[bob, carol], Duration::from_secs(20))
+        .await;
+
+    // Nothing has been read from chat.events or chat.read-receipts yet: the processors
+    // meet those topics' schema ids for the first time during the outage.
+    let _restart = StartOnPanic("registry");
+    stack(&["down", "registry"]).await;
+    let outage = Instant::now();
+    let conversation = p.app.user(alice).create_group(&[bob, carol, dave]).await;
+    let mut seqs = Vec::new();
+    for i in 1..=4 {
+        seqs.push(
+            p.app
+                .user(alice)
+                .send_message(conversation, &format!("m{i}"))
+                .await,
+        );
+    }
+    read(&p, dave, conversation, seqs[1]).await;
+    p.app
+        .user(alice)
+        .delete(&format!("/conversations/{conversation}/members/{carol}"))
+        .await
+        .expect(204);
+    for i in 5..=8 {
+        seqs.push(
+            p.app
+                .user(alice)
+                .send_message(conversation, &format!("m{i}"))
+                .await,
+        );
+    }
+    read(&p, bob, conversation, seqs[3]).await;
+    read(&p, bob, conversation, seqs[7]).await;
+
+    // Held, and visible: the readers that need the registry report themselves stalled.
+    let until = Instant::now() + OUTAGE;
+    loop {
+        let stalled: Vec<String> = receipts
+            .readiness
+            .report()
+            .into_iter()
+            .chain(fanout.readiness.report())
+            .filter(|r| r.stalled)
+            .map(|r| format!("{}: {}", r.reader, r.reason.unwrap_or_default()))
+            .collect();
+        if stalled.iter().any(|s| s.starts_with("receipts"))
+            && stalled.iter().any(|s| s.starts_with("fanout-events"))
+        {
+            eprintln!("during the outage: {stalled:?}");
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the held readers never reported a stall: {stalled:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let ready = reqwest::get(format!("{}/readyz", gw.http_base()))
+        .await
+        .unwrap();
+    assert_eq!(
+        ready.status(),
+        200,
+        "the gateway holds nothing: it is ready"
+    );
+    // Nothing applied yet: the receipts are held, not lost.
+    assert_eq!(p.app.watermark(conversation, bob).await.unwrap(), 0);
+
+    // The outage lasts 30 s; nothing to poll for.
+    tokio::time::sleep(OUTAGE.saturating_sub(outage.elapsed())).await;
+    stack(&["start", "registry"]).await;
+    let back = Instant::now();
+
+    // Every watermark final within 5 s of the registry's return.
+    let deadline = back + Duration::from_secs(5);
+    loop {
+        let (b, d) = (
+            p.app.watermark(conversation, bob).await.unwrap(),
+            p.app.watermark(conversation, dave).await.unwrap(),
+        );
+        if b == seqs[7] && d == seqs[1] {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "watermarks bob {b} dave {d}, want {} and {}, 5 s after the registry returned",
+            seqs[7],
+            seqs[1]
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let watermarks_final = back.elapsed();
+    // Bob gets every message pushed, in order; carol only those before her removal.
+    for &seq in &seqs {
+        bob_ws
+            .until(Duration::from_secs(20), is_message(conversation, seq))
+            .await;
+    }
+    let pushes_done = back.elapsed();
+    for &seq in &seqs[..4] {
+        carol_ws
+            .until(Duration::from_secs(5), is_message(conversation, seq))
+            .await;
+    }
+    let leaked: Vec<&Value> = carol_ws
+        .drain()
+        .iter()
+        .filter(|f| f["type"] == "message.new" && f["seq"].as_i64() > Some(seqs[3]))
+        .collect();
+    assert!(leaked.is_empty(), "carol, removed, received {leaked:?}");
+    eprintln!(
+        "after the registry returned: watermarks final {:.1} s, every push delivered {:.1} s",
+        watermarks_final.as_secs_f64(),
+        pushes_done.as_secs_f64()
+    );
+
+    // Nothing was dead-lettered.
+    for dlq in [
+        format!("{}.dlq", p.receipts_topic),
+        format!("{}.dlq", p.topic),
+        format!("{}.dlq", p.deliveries_topic()),
+    ] {
+        assert_eq!(records_in(&dlq), 0, "{dlq} is empty");
+    }
+    // And the readers are ready again.
+    assert!(receipts.readiness.ready() && fanout.readiness.ready());
+    assert!(receipts.is_running() && fanout.is_running());
+    gw.stop().await.unwrap();
+    p.cleanup().await;
+}
+
+/// POST /read in stream mode: accepted (202) onto chat.read-receipts.
+async fn read(p: &chatpipe_tests::stream::Pipeline, user: i64, conversation: i64, seq: i64) {
+    p.app
+        .user(user)
+        .post(
+            &format!("/conversations/{conversation}/read"),
+            json!({"seq": seq}),
+        )
+        .await
+        .expect(202);
+}
