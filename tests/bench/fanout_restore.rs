@@ -21,13 +21,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use chatpipe_schemas::registry::Registry;
-use chatpipe_schemas::{ChatEvent, ConversationCreated, MemberJoined, MessageNew};
+use chatpipe_schemas::{ChatEvent, MessageNew};
+use chatpipe_tests::bench::{
+    live_groups, old_messages, produce_events, start_group_at_end, SYNTHETIC_FIRST_ID,
+};
 use clap::Parser;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::ClientConfig;
 
 #[derive(Parser, Debug)]
 #[command(about = "fanout restore time and RSS against chat.events history length")]
@@ -50,29 +51,6 @@ struct Args {
 }
 
 const PARTITIONS: i32 = 6;
-const FIRST_ID: i64 = 1_000_000;
-
-fn produce_all(brokers: &str, topic: &str, events: impl Iterator<Item = (i64, Vec<u8>)>) -> u64 {
-    let producer: ThreadedProducer<DefaultProducerContext> =
-        chatpipe_core::kafka::producer_config(brokers)
-            .set("linger.ms", "20")
-            .set("batch.num.messages", "10000")
-            .set("queue.buffering.max.messages", "500000")
-            .create()
-            .expect("producer");
-    let mut n = 0;
-    for (conversation, value) in events {
-        let key = conversation.to_string();
-        let mut record = BaseRecord::to(topic).key(&key).payload(&value);
-        while let Err((_, back)) = producer.send(record) {
-            producer.poll(Duration::from_millis(10));
-            record = back;
-        }
-        n += 1;
-    }
-    producer.flush(Duration::from_secs(300)).expect("flush");
-    n
-}
 
 async fn create_topics(brokers: &str, ns: &str) -> anyhow::Result<()> {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
@@ -218,61 +196,15 @@ async fn main() -> anyhow::Result<()> {
             args.conversations,
         );
         tokio::task::spawn_blocking(move || {
-            produce_all(
-                &b,
-                &t,
-                (0..history).map(|i| {
-                    let conversation = FIRST_ID + i % live;
-                    let e = ChatEvent::MessageNew(MessageNew {
-                        conversation_id: conversation,
-                        seq: i / live + 1,
-                        sender_id: 1,
-                        client_msg_id: uuid::Uuid::nil(),
-                        body: "old".into(),
-                        created_at: long_ago,
-                    });
-                    (conversation, c.encode(&e))
-                }),
-            )
+            produce_events(&b, &t, old_messages(&c, history, live, long_ago))
         })
         .await?;
         // The group starts after the history.
-        let committer: BaseConsumer =
-            chatpipe_core::kafka::consumer_config(&brokers, &format!("{ns}-fanout")).create()?;
-        let mut ends = TopicPartitionList::new();
-        for p in 0..PARTITIONS {
-            let (_, high) = committer.fetch_watermarks(&events, p, Duration::from_secs(10))?;
-            ends.add_partition_offset(&events, p, Offset::Offset(high))?;
-        }
-        committer.commit(&ends, CommitMode::Sync)?;
-        drop(committer);
+        start_group_at_end(&brokers, &format!("{ns}-fanout"), &events, PARTITIONS);
         // The live state, the same for every history length.
         let (b, t, c) = (brokers.clone(), events.clone(), codec.clone());
         let membership = tokio::task::spawn_blocking(move || {
-            produce_all(
-                &b,
-                &t,
-                (0..live).flat_map(|i| {
-                    let conversation = FIRST_ID + i;
-                    let created = ChatEvent::ConversationCreated(ConversationCreated {
-                        conversation_id: conversation,
-                        conversation_type: "GROUP".into(),
-                        title: None,
-                        created_by: 1,
-                        occurred_at: long_ago,
-                    });
-                    let joined = |user| {
-                        ChatEvent::MemberJoined(MemberJoined {
-                            conversation_id: conversation,
-                            user_id: user,
-                            last_read_seq: 0,
-                            added_by: 1,
-                            occurred_at: long_ago,
-                        })
-                    };
-                    [created, joined(1), joined(2 + i)].map(|e| (conversation, c.encode(&e)))
-                }),
-            )
+            produce_events(&b, &t, live_groups(&c, live, long_ago))
         })
         .await?;
         let first = start_fanout(&args, &ns)?;
@@ -290,11 +222,11 @@ async fn main() -> anyhow::Result<()> {
         let started = Instant::now();
         let (b, t, c) = (brokers.clone(), events.clone(), codec.clone());
         tokio::task::spawn_blocking(move || {
-            produce_all(
+            produce_events(
                 &b,
                 &t,
                 (0..live).step_by((live / 60).max(1) as usize).map(|i| {
-                    let conversation = FIRST_ID + i;
+                    let conversation = SYNTHETIC_FIRST_ID + i;
                     let e = ChatEvent::MessageNew(MessageNew {
                         conversation_id: conversation,
                         seq: 1_000_000,

@@ -172,3 +172,107 @@ pub async fn send(
         .context("seq")?;
     Ok((seq, at))
 }
+
+/// Synthetic conversations get ids far above the real ones the API hands out.
+pub const SYNTHETIC_FIRST_ID: i64 = 1_000_000;
+
+/// Produces `events` (conversation id, framed value) to `topic`, keyed by conversation
+/// id (murmur2, as Debezium partitions), and waits for every ack. Blocking.
+pub fn produce_events(
+    brokers: &str,
+    topic: &str,
+    events: impl Iterator<Item = (i64, Vec<u8>)>,
+) -> u64 {
+    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+    let producer: ThreadedProducer<DefaultProducerContext> =
+        chatpipe_core::kafka::producer_config(brokers)
+            .set("linger.ms", "20")
+            .set("batch.num.messages", "10000")
+            .set("queue.buffering.max.messages", "500000")
+            .create()
+            .expect("Kafka producer");
+    let mut n = 0;
+    for (conversation, value) in events {
+        let key = conversation.to_string();
+        let mut record = BaseRecord::to(topic).key(&key).payload(&value);
+        while let Err((_, back)) = producer.send(record) {
+            // The local queue is full: let the broker catch up.
+            producer.poll(Duration::from_millis(10));
+            record = back;
+        }
+        n += 1;
+    }
+    producer.flush(Duration::from_secs(300)).expect("flushing");
+    n
+}
+
+/// `history` old messages spread over `live` synthetic conversations (a history no
+/// fanout needs to read).
+pub fn old_messages(
+    codec: &chatpipe_schemas::avro::EventCodec,
+    history: i64,
+    live: i64,
+    at: chrono::DateTime<chrono::Utc>,
+) -> impl Iterator<Item = (i64, Vec<u8>)> + '_ {
+    (0..history).map(move |i| {
+        let conversation = SYNTHETIC_FIRST_ID + i % live;
+        let event = ChatEvent::MessageNew(chatpipe_schemas::MessageNew {
+            conversation_id: conversation,
+            seq: i / live + 1,
+            sender_id: 1,
+            client_msg_id: uuid::Uuid::nil(),
+            body: "old".into(),
+            created_at: at,
+        });
+        (conversation, codec.encode(&event))
+    })
+}
+
+/// `live` synthetic groups, each created with members 1 and `2 + i`: three membership
+/// events a conversation.
+pub fn live_groups(
+    codec: &chatpipe_schemas::avro::EventCodec,
+    live: i64,
+    at: chrono::DateTime<chrono::Utc>,
+) -> impl Iterator<Item = (i64, Vec<u8>)> + '_ {
+    (0..live).flat_map(move |i| {
+        let conversation = SYNTHETIC_FIRST_ID + i;
+        let created = ChatEvent::ConversationCreated(chatpipe_schemas::ConversationCreated {
+            conversation_id: conversation,
+            conversation_type: "GROUP".into(),
+            title: None,
+            created_by: 1,
+            occurred_at: at,
+        });
+        let joined = |user| {
+            ChatEvent::MemberJoined(chatpipe_schemas::MemberJoined {
+                conversation_id: conversation,
+                user_id: user,
+                last_read_seq: 0,
+                added_by: 1,
+                occurred_at: at,
+            })
+        };
+        [created, joined(1), joined(2 + i)].map(|e| (conversation, codec.encode(&e)))
+    })
+}
+
+/// Commits `group`'s offsets at the current end of every partition of `topic`: the group
+/// starts after what is there (as if it had processed it long ago).
+pub fn start_group_at_end(brokers: &str, group: &str, topic: &str, partitions: i32) {
+    use rdkafka::consumer::CommitMode;
+    let committer: BaseConsumer = chatpipe_core::kafka::consumer_config(brokers, group)
+        .create()
+        .expect("Kafka consumer");
+    let mut ends = TopicPartitionList::new();
+    for p in 0..partitions {
+        let (_, high) = committer
+            .fetch_watermarks(topic, p, Duration::from_secs(10))
+            .expect("watermarks");
+        ends.add_partition_offset(topic, p, Offset::Offset(high))
+            .expect("offset");
+    }
+    committer
+        .commit(&ends, CommitMode::Sync)
+        .expect("committing the group's start");
+}

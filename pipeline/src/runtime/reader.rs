@@ -167,12 +167,36 @@ impl Offsets {
     }
 }
 
+/// The reader's metrics, registered once: a record must not pay for a name lookup.
+struct ReaderMetrics {
+    records: metrics::Counter,
+    dlq: metrics::Counter,
+    retries: metrics::Counter,
+    consumer_errors: metrics::Counter,
+    commit_failures: metrics::Counter,
+    retrying: metrics::Gauge,
+}
+
+impl ReaderMetrics {
+    fn new(prefix: &str) -> Self {
+        Self {
+            records: metrics::counter!(format!("{prefix}_records_total")),
+            dlq: metrics::counter!(format!("{prefix}_dlq_total")),
+            retries: metrics::counter!(format!("{prefix}_retries_total")),
+            consumer_errors: metrics::counter!(format!("{prefix}_consumer_errors_total")),
+            commit_failures: metrics::counter!(format!("{prefix}_commit_failures_total")),
+            retrying: metrics::gauge!(format!("{prefix}_retrying")),
+        }
+    }
+}
+
 /// What the consumer's callbacks share with the loop. Callbacks run inside `poll`, on
 /// the loop's own thread, so the locks are never contended.
 struct Shared<P> {
     processor: Mutex<P>,
     offsets: Mutex<Offsets>,
     spec: ReaderSpec,
+    metrics: ReaderMetrics,
     health: Arc<ReaderHealth>,
     /// The loop holds a record: newly assigned partitions are paused at once.
     paused: AtomicBool,
@@ -290,8 +314,7 @@ impl<P: Processor> ConsumerContext for ReaderContext<P> {
                 self.shared.health.progressed();
             }
             Err(err) => {
-                metrics::counter!(format!("{}_commit_failures_total", self.shared.spec.metric))
-                    .increment(1);
+                self.shared.metrics.commit_failures.increment(1);
                 tracing::warn!(reader = %self.shared.spec.name, "offset commit failed (sent again later): {err}");
             }
         }
@@ -339,7 +362,7 @@ impl<P: Processor> Core<P> {
             .and_then(|record| self.shared.processor().apply(at, record));
         match result {
             Ok(()) => {
-                metrics::counter!(format!("{}_records_total", self.spec().metric)).increment(1);
+                self.shared.metrics.records.increment(1);
                 self.shared.health.progressed();
                 Ok(())
             }
@@ -369,7 +392,7 @@ impl<P: Processor> Core<P> {
                 tracing::warn!(reader = %spec.name, partition = at.partition, offset = at.offset, error = reason, "bad record: dropped");
             }
         }
-        metrics::counter!(format!("{}_dlq_total", spec.metric)).increment(1);
+        self.shared.metrics.dlq.increment(1);
         self.shared.processor().skip(at, message.key());
         self.shared.health.progressed();
         Ok(())
@@ -430,6 +453,7 @@ impl<P: Processor> Reader<P> {
         let shared = Arc::new(Shared {
             processor: Mutex::new(processor),
             offsets: Mutex::default(),
+            metrics: ReaderMetrics::new(spec.metric),
             spec,
             health,
             paused: AtomicBool::new(false),
@@ -551,8 +575,7 @@ impl<P: Processor> Reader<P> {
                     }
                 }
                 Some(Err(err)) => {
-                    metrics::counter!(format!("{}_consumer_errors_total", spec.metric))
-                        .increment(1);
+                    self.core.shared.metrics.consumer_errors.increment(1);
                     tracing::warn!(reader = %spec.name, "consumer: {err}");
                 }
                 None => {}
@@ -592,8 +615,8 @@ impl<P: Processor> Reader<P> {
         {
             tracing::warn!("pausing partitions: {err}");
         }
-        metrics::gauge!(format!("{}_retrying", self.spec().metric)).set(1.0);
-        metrics::counter!(format!("{}_retries_total", self.spec().metric)).increment(1);
+        self.core.shared.metrics.retrying.set(1.0);
+        self.core.shared.metrics.retries.increment(1);
         self.core.shared.health.hold(failure.to_string());
     }
 
@@ -618,8 +641,7 @@ impl<P: Processor> Reader<P> {
                     }
                 }
                 Some(Err(err)) => {
-                    metrics::counter!(format!("{}_consumer_errors_total", self.spec().metric))
-                        .increment(1);
+                    self.core.shared.metrics.consumer_errors.increment(1);
                     tracing::debug!("consumer while holding: {err}");
                 }
                 None => {}
@@ -642,7 +664,7 @@ impl<P: Processor> Reader<P> {
                 if hold.attempts <= 5 || hold.attempts % 10 == 0 {
                     tracing::warn!(reader = %self.spec().name, attempts = hold.attempts, retry_in_ms = wait.as_millis() as u64, "still failing: {failure}");
                 }
-                metrics::counter!(format!("{}_retries_total", self.spec().metric)).increment(1);
+                self.core.shared.metrics.retries.increment(1);
                 self.core.shared.health.hold(failure.to_string());
                 self.hold = Some(hold);
             }
@@ -665,7 +687,7 @@ impl<P: Processor> Reader<P> {
         {
             tracing::warn!("resuming partitions: {err}");
         }
-        metrics::gauge!(format!("{}_retrying", self.spec().metric)).set(0.0);
+        self.core.shared.metrics.retrying.set(0.0);
         self.core.shared.health.release();
         self.release_offsets();
     }
@@ -714,8 +736,7 @@ impl<P: Processor> Reader<P> {
             }
             (Ok(()), CommitMode::Async) => {}
             (Err(err), _) => {
-                metrics::counter!(format!("{}_commit_failures_total", self.spec().metric))
-                    .increment(1);
+                self.core.shared.metrics.commit_failures.increment(1);
                 tracing::warn!(reader = %self.spec().name, "offset commit failed (sent again later): {err}");
             }
         }
