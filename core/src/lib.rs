@@ -3,11 +3,12 @@
 
 pub mod auth;
 pub mod config;
-pub mod ids;
+pub mod db;
 pub mod kafka;
 pub mod outbox;
 pub mod problem;
 pub mod telemetry;
 pub mod watermark;
 
-pub use ids::{ConversationId, Seq, UserId};
+pub use chatpipe_schemas::ids;
+pub use ids::{ConversationId, Seq, UserId, Watermark};

@@ -7,16 +7,18 @@
 //! moved, which are the ones that get a `read.updated` event. Replaying a batch changes
 //! nothing, which is what makes at-least-once delivery of receipts harmless.
 
-use chatpipe_schemas::{ChatEvent, ReadUpdated};
+use chatpipe_schemas::{ChatEvent, ConversationId, ReadUpdated, Seq, UserId, Watermark};
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
+
+use crate::db;
 
 /// One member's watermark after it moved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Advanced {
-    pub conversation_id: i64,
-    pub user_id: i64,
-    pub last_read_seq: i64,
+    pub conversation_id: ConversationId,
+    pub user_id: UserId,
+    pub last_read_seq: Watermark,
 }
 
 impl Advanced {
@@ -38,14 +40,14 @@ impl Advanced {
 /// order.
 pub async fn advance(
     conn: &mut PgConnection,
-    marks: &[((i64, i64), i64)],
+    marks: &[((ConversationId, UserId), Seq)],
 ) -> Result<Vec<Advanced>, sqlx::Error> {
     if marks.is_empty() {
         return Ok(Vec::new());
     }
-    let conversations: Vec<i64> = marks.iter().map(|((c, _), _)| *c).collect();
-    let users: Vec<i64> = marks.iter().map(|((_, u), _)| *u).collect();
-    let seqs: Vec<i64> = marks.iter().map(|(_, s)| *s).collect();
+    let conversations: Vec<i64> = marks.iter().map(|((c, _), _)| c.get()).collect();
+    let users: Vec<i64> = marks.iter().map(|((_, u), _)| u.get()).collect();
+    let seqs: Vec<i64> = marks.iter().map(|(_, s)| s.get()).collect();
     let mut moved: Vec<(i64, i64, i64)> = sqlx::query_as(
         "UPDATE conversation_member m
             SET last_read_seq = LEAST(b.seq, c.last_seq)
@@ -62,12 +64,14 @@ pub async fn advance(
     .fetch_all(conn)
     .await?;
     moved.sort_unstable();
-    Ok(moved
+    moved
         .into_iter()
-        .map(|(conversation_id, user_id, last_read_seq)| Advanced {
-            conversation_id,
-            user_id,
-            last_read_seq,
+        .map(|(conversation_id, user_id, last_read_seq)| {
+            Ok(Advanced {
+                conversation_id: db::id(conversation_id)?,
+                user_id: db::id(user_id)?,
+                last_read_seq: db::id(last_read_seq)?,
+            })
         })
-        .collect())
+        .collect()
 }

@@ -135,6 +135,7 @@ async fn close<S: Sink<Message> + Unpin>(
 
 #[cfg(test)]
 mod tests {
+    use chatpipe_core::UserId;
     use futures::channel::mpsc;
 
     use super::*;
@@ -152,11 +153,11 @@ mod tests {
     #[tokio::test]
     async fn queued_frames_go_out_as_text_in_order() {
         let sessions = Sessions::new(8);
-        let session = sessions.join(10);
+        let session = sessions.join(UserId::of(10));
         let (out_tx, mut out_rx) = wire();
         let (in_tx, in_rx) = mpsc::unbounded::<Inbound>();
-        sessions.push(&[10], "one");
-        sessions.push(&[10], "two");
+        sessions.push(&[UserId::of(10)], "one");
+        sessions.push(&[UserId::of(10)], "two");
         let conn = tokio::spawn(serve(
             out_tx,
             in_rx,
@@ -173,9 +174,9 @@ mod tests {
     #[tokio::test]
     async fn an_overflowing_client_is_closed_with_a_reason() {
         let sessions = Sessions::new(2);
-        let session = sessions.join(10);
+        let session = sessions.join(UserId::of(10));
         for i in 0..10 {
-            sessions.push(&[10], &i.to_string());
+            sessions.push(&[UserId::of(10)], &i.to_string());
         }
         let (out_tx, out_rx) = wire();
         let (_in_tx, in_rx) = mpsc::unbounded::<Inbound>();
@@ -202,7 +203,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_silent_client_is_pinged_then_closed_after_two_heartbeats() {
         let sessions = Sessions::new(2);
-        let session = sessions.join(10);
+        let session = sessions.join(UserId::of(10));
         let (out_tx, mut out_rx) = wire();
         let (_in_tx, in_rx) = mpsc::unbounded::<Inbound>();
         let conn = tokio::spawn(serve(
@@ -225,7 +226,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_client_that_answers_stays_connected() {
         let sessions = Sessions::new(2);
-        let session = sessions.join(10);
+        let session = sessions.join(UserId::of(10));
         let (out_tx, mut out_rx) = wire();
         let (in_tx, in_rx) = mpsc::unbounded::<Inbound>();
         let conn = tokio::spawn(serve(
@@ -249,9 +250,9 @@ mod tests {
     #[tokio::test]
     async fn on_shutdown_queued_frames_go_out_before_the_close() {
         let sessions = Sessions::new(8);
-        let session = sessions.join(10);
+        let session = sessions.join(UserId::of(10));
         for frame in ["one", "two", "three"] {
-            sessions.push(&[10], frame);
+            sessions.push(&[UserId::of(10)], frame);
         }
         let (out_tx, out_rx) = wire();
         let (_in_tx, in_rx) = mpsc::unbounded::<Inbound>();
@@ -310,8 +311,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_socket_that_takes_nothing_is_dropped_after_two_heartbeats() {
         let sessions = Sessions::new(8);
-        let session = sessions.join(10);
-        sessions.push(&[10], "stuck behind a full socket");
+        let session = sessions.join(UserId::of(10));
+        sessions.push(&[UserId::of(10)], "stuck behind a full socket");
         let (_in_tx, in_rx) = mpsc::unbounded::<Inbound>();
         let started = Instant::now();
         let ended = serve(

@@ -65,8 +65,8 @@ impl Processor for Pusher {
 pub async fn push(mut lists: tokio::sync::mpsc::Receiver<Delivery>, sessions: Sessions) {
     while let Some(d) = lists.recv().await {
         tracing::debug!(
-            conversation_id = d.conversation_id,
-            seq = d.seq,
+            conversation_id = %d.conversation_id,
+            seq = ?d.seq,
             users = d.user_ids.len(),
             "fanout list"
         );

@@ -23,6 +23,7 @@ use axum::Router;
 use chatpipe_core::auth::{AuthError, AuthSettings, TokenKeys};
 use chatpipe_core::config::{KafkaSettings, RegistrySettings};
 use chatpipe_core::problem::Problem;
+use chatpipe_core::UserId;
 use futures::StreamExt;
 use pipeline::runtime::{
     Reader, ReaderSettings, ReaderSpec, Readiness, Source, Supervisor, WriterSchemas,
@@ -301,9 +302,9 @@ impl Gateway {
 
 /// The user a connection request authenticates as: the `Authorization` header, or a
 /// `bearer.<JWT>` subprotocol.
-fn authenticate(keys: &TokenKeys, headers: &HeaderMap) -> Result<i64, AuthError> {
+fn authenticate(keys: &TokenKeys, headers: &HeaderMap) -> Result<UserId, AuthError> {
     if let Some(value) = headers.get(header::AUTHORIZATION) {
-        return keys.verify_header(value.to_str().ok()).map(|u| u.get());
+        return keys.verify_header(value.to_str().ok());
     }
     let offered = headers
         .get(header::SEC_WEBSOCKET_PROTOCOL)
@@ -314,7 +315,7 @@ fn authenticate(keys: &TokenKeys, headers: &HeaderMap) -> Result<i64, AuthError>
         .map(str::trim)
         .find_map(|p| p.strip_prefix(TOKEN_PROTOCOL_PREFIX));
     match token {
-        Some(token) => keys.verify(token).map(|u| u.get()),
+        Some(token) => keys.verify(token),
         None => Err(AuthError::Missing),
     }
 }
@@ -353,6 +354,6 @@ async fn ws(State(gw): State<Gateway>, headers: HeaderMap, upgrade: WebSocketUpg
             };
             let ended = connection::serve(sink, stream, session, gw.heartbeat, shutdown).await;
             gw.sessions.leave(user, id);
-            tracing::debug!(user, session = id, ?ended, "connection ended");
+            tracing::debug!(%user, session = id, ?ended, "connection ended");
         })
 }

@@ -24,7 +24,7 @@ enum Command {
     Watch {
         /// The user to connect as (a token is minted with JWT_SECRET).
         #[arg(long)]
-        user: i64,
+        user: chatpipe_core::UserId,
         #[arg(long, default_value = "ws://127.0.0.1:8090/ws")]
         url: String,
         /// Stop after this many frames.
@@ -54,7 +54,6 @@ async fn main() -> anyhow::Result<()> {
             timeout_secs,
         } => {
             let keys = settings.auth.token_keys()?;
-            let user = chatpipe_core::UserId::new(user).context("--user must be positive")?;
             let token = keys.issue(user, Duration::from_secs(3600));
             let watch = watch(&url, &token, count);
             match timeout_secs {

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use chatpipe_core::UserId;
 use chatpipe_schemas::presence::{key, Presence, PresenceCodec};
 use futures::future::join_all;
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -44,7 +45,7 @@ impl Publisher {
                     metrics::gauge!("gateway_presence_users").set(all.len() as f64);
                     let due: Vec<_> = all
                         .into_iter()
-                        .filter(|(user, _)| user.rem_euclid(RENEW_SLICES) == slice)
+                        .filter(|(user, _)| user.get().rem_euclid(RENEW_SLICES) == slice)
                         .collect();
                     self.publish(&due).await;
                     slice = (slice + 1) % RENEW_SLICES;
@@ -55,7 +56,7 @@ impl Publisher {
     }
 
     /// Writes the presence of `users` (count 0: a tombstone), waiting for the acks.
-    pub async fn publish(&self, users: &[(i64, usize)]) {
+    pub async fn publish(&self, users: &[(UserId, usize)]) {
         let expires = chrono::Utc::now().timestamp_millis() + self.lease.as_millis() as i64;
         let sends = users.iter().map(|(user, count)| {
             let key = key(*user, &self.gateway_id);

@@ -6,6 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use chatpipe_core::UserId;
 use tokio::sync::{mpsc, Notify};
 
 pub type SessionId = u64;
@@ -22,9 +23,9 @@ pub enum Outbound {
 
 #[derive(Debug, Default)]
 struct Inner {
-    by_user: HashMap<i64, Vec<(SessionId, mpsc::Sender<Outbound>)>>,
+    by_user: HashMap<UserId, Vec<(SessionId, mpsc::Sender<Outbound>)>>,
     /// Users whose session count changed since presence last looked.
-    changed: HashSet<i64>,
+    changed: HashSet<UserId>,
 }
 
 /// The registry is cheap to clone; all clones share one table.
@@ -40,7 +41,7 @@ pub struct Sessions {
 /// handle does not unregister; call [`Sessions::leave`].
 pub struct Session {
     pub id: SessionId,
-    pub user: i64,
+    pub user: UserId,
     pub outbound: mpsc::Receiver<Outbound>,
 }
 
@@ -54,7 +55,7 @@ impl Sessions {
         }
     }
 
-    pub fn join(&self, user: i64) -> Session {
+    pub fn join(&self, user: UserId) -> Session {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         // One slot more than the bound for the overflow notice itself.
         let (tx, rx) = mpsc::channel(self.queue_bound + 1);
@@ -70,7 +71,7 @@ impl Sessions {
         }
     }
 
-    pub fn leave(&self, user: i64, id: SessionId) {
+    pub fn leave(&self, user: UserId, id: SessionId) {
         let mut guard = self.inner.lock().expect("sessions lock");
         let inner = &mut *guard;
         if let Some(list) = inner.by_user.get_mut(&user) {
@@ -88,7 +89,7 @@ impl Sessions {
     }
 
     /// Users with at least one session here.
-    pub fn online(&self) -> Vec<i64> {
+    pub fn online(&self) -> Vec<UserId> {
         self.inner
             .lock()
             .expect("sessions lock")
@@ -105,7 +106,7 @@ impl Sessions {
 
     /// The users whose session count changed since the last call, with their count now
     /// (0: gone).
-    pub fn take_changes(&self) -> Vec<(i64, usize)> {
+    pub fn take_changes(&self) -> Vec<(UserId, usize)> {
         let mut inner = self.inner.lock().expect("sessions lock");
         let changed = std::mem::take(&mut inner.changed);
         changed
@@ -115,20 +116,25 @@ impl Sessions {
     }
 
     /// Every user here with their session count.
-    pub fn counts(&self) -> Vec<(i64, usize)> {
+    pub fn counts(&self) -> Vec<(UserId, usize)> {
         let inner = self.inner.lock().expect("sessions lock");
         inner.by_user.iter().map(|(u, s)| (*u, s.len())).collect()
     }
 
     /// Queues `frame` for every session of every user in `users`; returns how many
     /// sessions got it. A session whose queue is full is told to close.
-    pub fn push(&self, users: &[i64], frame: &str) -> usize {
+    pub fn push(&self, users: &[UserId], frame: &str) -> usize {
         self.push_committed(users, frame, None)
     }
 
     /// [`Sessions::push`] for an event committed at `committed_at` (microseconds since
     /// the epoch).
-    pub fn push_committed(&self, users: &[i64], frame: &str, committed_at: Option<i64>) -> usize {
+    pub fn push_committed(
+        &self,
+        users: &[UserId],
+        frame: &str,
+        committed_at: Option<i64>,
+    ) -> usize {
         let frame: Arc<str> = Arc::from(frame);
         let inner = self.inner.lock().expect("sessions lock");
         let mut delivered = 0;
@@ -161,10 +167,13 @@ mod tests {
     #[tokio::test]
     async fn a_push_reaches_every_session_of_the_user_and_nobody_else() {
         let sessions = Sessions::new(8);
-        let mut phone = sessions.join(10);
-        let mut laptop = sessions.join(10);
-        let mut stranger = sessions.join(99);
-        assert_eq!(sessions.push(&[10], r#"{"type":"message.new"}"#), 2);
+        let mut phone = sessions.join(UserId::of(10));
+        let mut laptop = sessions.join(UserId::of(10));
+        let mut stranger = sessions.join(UserId::of(99));
+        assert_eq!(
+            sessions.push(&[UserId::of(10)], r#"{"type":"message.new"}"#),
+            2
+        );
         assert_eq!(
             phone.outbound.recv().await,
             Some(Outbound::Frame(
@@ -179,16 +188,16 @@ mod tests {
         );
         let mut online = sessions.online();
         online.sort();
-        assert_eq!(online, vec![10, 99]);
+        assert_eq!(online, vec![UserId::of(10), UserId::of(99)]);
     }
 
     #[tokio::test]
     async fn a_full_queue_closes_that_session_only() {
         let sessions = Sessions::new(2);
-        let mut slow = sessions.join(1);
-        let mut fast = sessions.join(2);
+        let mut slow = sessions.join(UserId::of(1));
+        let mut fast = sessions.join(UserId::of(2));
         for i in 0..5 {
-            sessions.push(&[1, 2], &format!("{i}"));
+            sessions.push(&[UserId::of(1), UserId::of(2)], &format!("{i}"));
             // The fast client keeps up.
             assert!(matches!(
                 fast.outbound.recv().await,
@@ -210,9 +219,9 @@ mod tests {
     #[tokio::test]
     async fn leaving_unregisters() {
         let sessions = Sessions::new(2);
-        let s = sessions.join(5);
-        sessions.leave(5, s.id);
+        let s = sessions.join(UserId::of(5));
+        sessions.leave(UserId::of(5), s.id);
         assert!(sessions.online().is_empty());
-        assert_eq!(sessions.push(&[5], "x"), 0);
+        assert_eq!(sessions.push(&[UserId::of(5)], "x"), 0);
     }
 }

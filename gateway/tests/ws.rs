@@ -40,7 +40,7 @@ fn token(keys: &TokenKeys, user: i64) -> String {
 /// Waits until `user` has a session (the upgrade completes just after the handshake).
 async fn online(sessions: &Sessions, user: i64) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while !sessions.online().contains(&user) {
+    while !sessions.online().contains(&UserId::of(user)) {
         assert!(
             tokio::time::Instant::now() < deadline,
             "user {user} never came online"
@@ -62,7 +62,10 @@ async fn a_client_with_a_bearer_header_receives_what_is_pushed_to_its_user() {
         .expect("upgrade");
     online(&sessions, 10).await;
 
-    assert_eq!(sessions.push(&[10], r#"{"type":"message.new","seq":1}"#), 1);
+    assert_eq!(
+        sessions.push(&[UserId::of(10)], r#"{"type":"message.new","seq":1}"#),
+        1
+    );
     let frame = tokio::time::timeout(Duration::from_secs(5), ws.next())
         .await
         .unwrap()

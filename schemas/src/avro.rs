@@ -140,6 +140,19 @@ pub(crate) fn opt_string(s: &Option<String>) -> Value {
     }
 }
 
+/// An Avro long of an id, seq or watermark.
+pub(crate) fn long(v: impl Into<i64>) -> Value {
+    Value::Long(v.into())
+}
+
+/// An optional long (`["null", "long"]`) of an id, seq or watermark.
+pub(crate) fn opt_long(v: Option<impl Into<i64>>) -> Value {
+    match v {
+        Some(v) => Value::Union(1, Box::new(Value::Long(v.into()))),
+        None => Value::Union(0, Box::new(Value::Null)),
+    }
+}
+
 pub(crate) fn record(fields: Vec<(&str, Value)>) -> Value {
     Value::Record(fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
 }
@@ -151,8 +164,8 @@ pub fn to_value(event: &ChatEvent) -> Value {
             &e.created_at,
             MESSAGE_NEW,
             record(vec![
-                ("seq", Value::Long(e.seq)),
-                ("senderId", Value::Long(e.sender_id)),
+                ("seq", long(e.seq)),
+                ("senderId", long(e.sender_id)),
                 ("clientMsgId", Value::Uuid(e.client_msg_id)),
                 ("body", Value::String(e.body.clone())),
             ]),
@@ -161,8 +174,8 @@ pub fn to_value(event: &ChatEvent) -> Value {
             &e.occurred_at,
             READ_UPDATED,
             record(vec![
-                ("userId", Value::Long(e.user_id)),
-                ("lastReadSeq", Value::Long(e.last_read_seq)),
+                ("userId", long(e.user_id)),
+                ("lastReadSeq", long(e.last_read_seq)),
             ]),
         ),
         ChatEvent::ConversationCreated(e) => (
@@ -174,30 +187,30 @@ pub fn to_value(event: &ChatEvent) -> Value {
                     Value::String(e.conversation_type.clone()),
                 ),
                 ("title", opt_string(&e.title)),
-                ("createdBy", Value::Long(e.created_by)),
+                ("createdBy", long(e.created_by)),
             ]),
         ),
         ChatEvent::MemberJoined(e) => (
             &e.occurred_at,
             MEMBER_JOINED,
             record(vec![
-                ("userId", Value::Long(e.user_id)),
-                ("lastReadSeq", Value::Long(e.last_read_seq)),
-                ("addedBy", Value::Long(e.added_by)),
+                ("userId", long(e.user_id)),
+                ("lastReadSeq", long(e.last_read_seq)),
+                ("addedBy", long(e.added_by)),
             ]),
         ),
         ChatEvent::MemberLeft(e) => (
             &e.occurred_at,
             MEMBER_LEFT,
             record(vec![
-                ("userId", Value::Long(e.user_id)),
-                ("removedBy", Value::Long(e.removed_by)),
+                ("userId", long(e.user_id)),
+                ("removedBy", long(e.removed_by)),
             ]),
         ),
     };
     record(vec![
         ("type", Value::String(event.event_type().to_owned())),
-        ("conversationId", Value::Long(event.conversation_id())),
+        ("conversationId", long(event.conversation_id())),
         ("occurredAt", micros(occurred_at)),
         ("payload", Value::Union(branch, Box::new(payload))),
     ])
@@ -233,6 +246,37 @@ impl Fields {
                 "{name} is {other:?}, not a long"
             ))),
         }
+    }
+
+    /// A long that must be in the range of `T` (an id, a seq, a watermark): a value
+    /// out of range is a shape error, so the record is poison.
+    pub(crate) fn id<T>(&mut self, name: &str) -> Result<T, CodecError>
+    where
+        T: TryFrom<i64>,
+        T::Error: std::fmt::Display,
+    {
+        in_range(name, self.long(name)?)
+    }
+
+    /// An optional [`Self::id`].
+    pub(crate) fn opt_id<T>(&mut self, name: &str) -> Result<Option<T>, CodecError>
+    where
+        T: TryFrom<i64>,
+        T::Error: std::fmt::Display,
+    {
+        self.opt_long(name)?.map(|v| in_range(name, v)).transpose()
+    }
+
+    /// An array of [`Self::id`]s.
+    pub(crate) fn ids<T>(&mut self, name: &str) -> Result<Vec<T>, CodecError>
+    where
+        T: TryFrom<i64>,
+        T::Error: std::fmt::Display,
+    {
+        self.longs(name)?
+            .into_iter()
+            .map(|v| in_range(name, v))
+            .collect()
     }
 
     pub(crate) fn string(&mut self, name: &str) -> Result<String, CodecError> {
@@ -338,6 +382,14 @@ impl Fields {
     }
 }
 
+fn in_range<T>(name: &str, value: i64) -> Result<T, CodecError>
+where
+    T: TryFrom<i64>,
+    T::Error: std::fmt::Display,
+{
+    T::try_from(value).map_err(|e| CodecError::Shape(format!("{name} {e}")))
+}
+
 /// Reads a framed value with the writer schema the caller already holds (looked up by
 /// [`split_frame`]'s id, e.g. from a per-consumer cache): no await, for hot loops.
 pub fn read_with(writer: &Schema, bytes: &[u8]) -> Result<Value, CodecError> {
@@ -353,7 +405,7 @@ pub fn read_with(writer: &Schema, bytes: &[u8]) -> Result<Value, CodecError> {
 pub fn from_value(value: Value) -> Result<ChatEvent, CodecError> {
     let mut envelope = Fields::of(value, "ChatEvent")?;
     let event_type = envelope.string("type")?;
-    let conversation_id = envelope.long("conversationId")?;
+    let conversation_id = envelope.id("conversationId")?;
     let occurred_at = envelope.timestamp("occurredAt")?;
     let payload = match envelope.take("payload")? {
         Value::Union(_, v) => *v,
@@ -363,36 +415,36 @@ pub fn from_value(value: Value) -> Result<ChatEvent, CodecError> {
     Ok(match event_type.as_str() {
         "message.new" => ChatEvent::MessageNew(MessageNew {
             conversation_id,
-            seq: p.long("seq")?,
-            sender_id: p.long("senderId")?,
+            seq: p.id("seq")?,
+            sender_id: p.id("senderId")?,
             client_msg_id: p.uuid("clientMsgId")?,
             body: p.string("body")?,
             created_at: occurred_at,
         }),
         "read.updated" => ChatEvent::ReadUpdated(ReadUpdated {
             conversation_id,
-            user_id: p.long("userId")?,
-            last_read_seq: p.long("lastReadSeq")?,
+            user_id: p.id("userId")?,
+            last_read_seq: p.id("lastReadSeq")?,
             occurred_at,
         }),
         "conversation.created" => ChatEvent::ConversationCreated(ConversationCreated {
             conversation_id,
             conversation_type: p.string("conversationType")?,
             title: p.opt_string("title")?,
-            created_by: p.long("createdBy")?,
+            created_by: p.id("createdBy")?,
             occurred_at,
         }),
         "member.joined" => ChatEvent::MemberJoined(MemberJoined {
             conversation_id,
-            user_id: p.long("userId")?,
-            last_read_seq: p.long("lastReadSeq")?,
-            added_by: p.long("addedBy")?,
+            user_id: p.id("userId")?,
+            last_read_seq: p.id("lastReadSeq")?,
+            added_by: p.id("addedBy")?,
             occurred_at,
         }),
         "member.left" => ChatEvent::MemberLeft(MemberLeft {
             conversation_id,
-            user_id: p.long("userId")?,
-            removed_by: p.long("removedBy")?,
+            user_id: p.id("userId")?,
+            removed_by: p.id("removedBy")?,
             occurred_at,
         }),
         other => return Err(CodecError::Shape(format!("unknown event type {other:?}"))),
@@ -402,6 +454,7 @@ pub fn from_value(value: Value) -> Result<ChatEvent, CodecError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{ConversationId, Seq, UserId, Watermark};
 
     fn at() -> DateTime<Utc> {
         DateTime::from_timestamp_micros(1_764_480_000_123_456).unwrap()
@@ -410,44 +463,44 @@ mod tests {
     fn every_event() -> Vec<ChatEvent> {
         vec![
             ChatEvent::MessageNew(MessageNew {
-                conversation_id: 7,
-                seq: 42,
-                sender_id: 10,
+                conversation_id: ConversationId::of(7),
+                seq: Seq::of(42),
+                sender_id: UserId::of(10),
                 client_msg_id: uuid::Uuid::new_v4(),
                 body: "Hallo Gruppe 👋".into(),
                 created_at: at(),
             }),
             ChatEvent::ReadUpdated(ReadUpdated {
-                conversation_id: 7,
-                user_id: 20,
-                last_read_seq: 41,
+                conversation_id: ConversationId::of(7),
+                user_id: UserId::of(20),
+                last_read_seq: Watermark::of(41),
                 occurred_at: at(),
             }),
             ChatEvent::ConversationCreated(ConversationCreated {
-                conversation_id: 7,
+                conversation_id: ConversationId::of(7),
                 conversation_type: "GROUP".into(),
                 title: Some("Trip".into()),
-                created_by: 10,
+                created_by: UserId::of(10),
                 occurred_at: at(),
             }),
             ChatEvent::ConversationCreated(ConversationCreated {
-                conversation_id: 8,
+                conversation_id: ConversationId::of(8),
                 conversation_type: "DIRECT".into(),
                 title: None,
-                created_by: 10,
+                created_by: UserId::of(10),
                 occurred_at: at(),
             }),
             ChatEvent::MemberJoined(MemberJoined {
-                conversation_id: 7,
-                user_id: 30,
-                last_read_seq: 42,
-                added_by: 10,
+                conversation_id: ConversationId::of(7),
+                user_id: UserId::of(30),
+                last_read_seq: Watermark::of(42),
+                added_by: UserId::of(10),
                 occurred_at: at(),
             }),
             ChatEvent::MemberLeft(MemberLeft {
-                conversation_id: 7,
-                user_id: 30,
-                removed_by: 30,
+                conversation_id: ConversationId::of(7),
+                user_id: UserId::of(30),
+                removed_by: UserId::of(30),
                 occurred_at: at(),
             }),
         ]
@@ -464,6 +517,28 @@ mod tests {
                 "Confluent frame with schema id 17"
             );
             assert_eq!(codec.decode(&bytes).unwrap(), event);
+        }
+    }
+
+    #[test]
+    fn an_id_out_of_range_does_not_decode() {
+        let codec = EventCodec::new(1);
+        for (field, zero) in [("conversationId", 0), ("conversationId", -4)] {
+            let Value::Record(mut fields) = to_value(&every_event()[0]) else {
+                unreachable!("events are records")
+            };
+            for (k, v) in fields.iter_mut() {
+                if k == field {
+                    *v = Value::Long(zero);
+                }
+            }
+            let err = codec
+                .decode(&codec.0.encode(Value::Record(fields)))
+                .unwrap_err();
+            assert!(
+                matches!(&err, CodecError::Shape(m) if m.contains(field)),
+                "{field} = {zero}: {err}"
+            );
         }
     }
 

@@ -4,7 +4,8 @@ use apache_avro::types::Value;
 use apache_avro::Schema;
 use serde::{Deserialize, Serialize};
 
-use crate::avro::{read_with, record, CodecError, Fields, Framed};
+use crate::avro::{long, opt_long, read_with, record, CodecError, Fields, Framed};
+use crate::{ConversationId, Seq, UserId, Watermark};
 
 pub const MESSAGE_NEW: &str = "message.new";
 pub const READ_UPDATED: &str = "read.updated";
@@ -13,28 +14,21 @@ pub const READ_UPDATED: &str = "read.updated";
 #[serde(rename_all = "camelCase")]
 pub struct Delivery {
     pub gateway_id: String,
-    pub user_ids: Vec<i64>,
+    pub user_ids: Vec<UserId>,
     pub light: bool,
     pub event_type: String,
-    pub conversation_id: i64,
-    pub seq: Option<i64>,
-    pub sender_id: Option<i64>,
+    pub conversation_id: ConversationId,
+    pub seq: Option<Seq>,
+    pub sender_id: Option<UserId>,
     pub body: Option<String>,
-    pub user_id: Option<i64>,
-    pub last_read_seq: Option<i64>,
+    pub user_id: Option<UserId>,
+    pub last_read_seq: Option<Watermark>,
     /// Microseconds since the epoch: when the event was committed.
     pub occurred_at: i64,
 }
 
 #[derive(Debug, Clone)]
 pub struct DeliveryCodec(Framed);
-
-fn opt_long(v: Option<i64>) -> Value {
-    match v {
-        Some(v) => Value::Union(1, Box::new(Value::Long(v))),
-        None => Value::Union(0, Box::new(Value::Null)),
-    }
-}
 
 impl DeliveryCodec {
     pub fn new(schema_id: u32) -> Self {
@@ -46,11 +40,11 @@ impl DeliveryCodec {
             ("gatewayId", Value::String(d.gateway_id.clone())),
             (
                 "userIds",
-                Value::Array(d.user_ids.iter().map(|u| Value::Long(*u)).collect()),
+                Value::Array(d.user_ids.iter().map(|u| long(*u)).collect()),
             ),
             ("light", Value::Boolean(d.light)),
             ("eventType", Value::String(d.event_type.clone())),
-            ("conversationId", Value::Long(d.conversation_id)),
+            ("conversationId", long(d.conversation_id)),
             ("seq", opt_long(d.seq)),
             ("senderId", opt_long(d.sender_id)),
             ("body", crate::avro::opt_string(&d.body)),
@@ -67,15 +61,15 @@ impl Delivery {
         let mut f = Fields::of(read_with(writer, bytes)?, "Delivery")?;
         Ok(Self {
             gateway_id: f.string("gatewayId")?,
-            user_ids: f.longs("userIds")?,
+            user_ids: f.ids("userIds")?,
             light: f.boolean("light")?,
             event_type: f.string("eventType")?,
-            conversation_id: f.long("conversationId")?,
-            seq: f.opt_long("seq")?,
-            sender_id: f.opt_long("senderId")?,
+            conversation_id: f.id("conversationId")?,
+            seq: f.opt_id("seq")?,
+            sender_id: f.opt_id("senderId")?,
             body: f.opt_string("body")?,
-            user_id: f.opt_long("userId")?,
-            last_read_seq: f.opt_long("lastReadSeq")?,
+            user_id: f.opt_id("userId")?,
+            last_read_seq: f.opt_id("lastReadSeq")?,
             occurred_at: f.timestamp("occurredAt")?.timestamp_micros(),
         })
     }
@@ -90,12 +84,12 @@ mod tests {
         let codec = DeliveryCodec::new(5);
         let full = Delivery {
             gateway_id: "gw-0".into(),
-            user_ids: vec![1, 2, 3],
+            user_ids: vec![UserId::of(1), UserId::of(2), UserId::of(3)],
             light: false,
             event_type: MESSAGE_NEW.into(),
-            conversation_id: 9,
-            seq: Some(4),
-            sender_id: Some(1),
+            conversation_id: ConversationId::of(9),
+            seq: Some(Seq::of(4)),
+            sender_id: Some(UserId::of(1)),
             body: Some("hi".into()),
             user_id: None,
             last_read_seq: None,

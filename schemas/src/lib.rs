@@ -12,12 +12,14 @@
 pub mod avro;
 pub mod contract;
 pub mod delivery;
+pub mod ids;
 pub mod members;
 pub mod presence;
 pub mod receipt;
 pub mod registry;
 
 use chrono::{DateTime, Utc};
+pub use ids::{ConversationId, Seq, UserId, Watermark};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -42,40 +44,40 @@ pub enum ChatEvent {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ConversationCreated {
-    pub conversation_id: i64,
+    pub conversation_id: ConversationId,
     /// `DIRECT` or `GROUP`.
     pub conversation_type: String,
     pub title: Option<String>,
-    pub created_by: i64,
+    pub created_by: UserId,
     pub occurred_at: DateTime<Utc>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MemberJoined {
-    pub conversation_id: i64,
-    pub user_id: i64,
+    pub conversation_id: ConversationId,
+    pub user_id: UserId,
     /// The conversation's last_seq when the member joined: their starting watermark.
-    pub last_read_seq: i64,
-    pub added_by: i64,
+    pub last_read_seq: Watermark,
+    pub added_by: UserId,
     pub occurred_at: DateTime<Utc>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MemberLeft {
-    pub conversation_id: i64,
-    pub user_id: i64,
-    pub removed_by: i64,
+    pub conversation_id: ConversationId,
+    pub user_id: UserId,
+    pub removed_by: UserId,
     pub occurred_at: DateTime<Utc>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MessageNew {
-    pub conversation_id: i64,
-    pub seq: i64,
-    pub sender_id: i64,
+    pub conversation_id: ConversationId,
+    pub seq: Seq,
+    pub sender_id: UserId,
     pub client_msg_id: Uuid,
     pub body: String,
     pub created_at: DateTime<Utc>,
@@ -84,9 +86,9 @@ pub struct MessageNew {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ReadUpdated {
-    pub conversation_id: i64,
-    pub user_id: i64,
-    pub last_read_seq: i64,
+    pub conversation_id: ConversationId,
+    pub user_id: UserId,
+    pub last_read_seq: Watermark,
     pub occurred_at: DateTime<Utc>,
 }
 
@@ -103,7 +105,7 @@ impl ChatEvent {
     }
 
     /// The Kafka key: every event of a conversation lands on one partition, in order.
-    pub fn conversation_id(&self) -> i64 {
+    pub fn conversation_id(&self) -> ConversationId {
         match self {
             Self::ConversationCreated(e) => e.conversation_id,
             Self::MemberJoined(e) => e.conversation_id,
@@ -121,9 +123,9 @@ mod tests {
     #[test]
     fn envelope_carries_type_and_camel_case_fields() {
         let event = ChatEvent::ReadUpdated(ReadUpdated {
-            conversation_id: 7,
-            user_id: 20,
-            last_read_seq: 5,
+            conversation_id: ConversationId::new(7).unwrap(),
+            user_id: UserId::new(20).unwrap(),
+            last_read_seq: Watermark::new(5).unwrap(),
             occurred_at: DateTime::from_timestamp(1_700_000_000, 0).unwrap(),
         });
         let json = serde_json::to_value(&event).unwrap();

@@ -4,12 +4,13 @@
 use apache_avro::types::Value;
 use apache_avro::Schema;
 
-use crate::avro::{read_with, record, CodecError, Fields, Framed};
+use crate::avro::{long, read_with, record, CodecError, Fields, Framed};
+use crate::{ConversationId, UserId};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FanoutMembers {
-    pub conversation_id: i64,
-    pub user_ids: Vec<i64>,
+    pub conversation_id: ConversationId,
+    pub user_ids: Vec<UserId>,
     pub events_offset: i64,
 }
 
@@ -26,10 +27,10 @@ impl FanoutMembersCodec {
 
     pub fn encode(&self, m: &FanoutMembers) -> Vec<u8> {
         self.0.encode(record(vec![
-            ("conversationId", Value::Long(m.conversation_id)),
+            ("conversationId", long(m.conversation_id)),
             (
                 "userIds",
-                Value::Array(m.user_ids.iter().map(|u| Value::Long(*u)).collect()),
+                Value::Array(m.user_ids.iter().map(|u| long(*u)).collect()),
             ),
             ("eventsOffset", Value::Long(m.events_offset)),
         ]))
@@ -41,8 +42,8 @@ impl FanoutMembers {
     pub fn decode_with(writer: &Schema, bytes: &[u8]) -> Result<Self, CodecError> {
         let mut f = Fields::of(read_with(writer, bytes)?, "FanoutMembers")?;
         Ok(Self {
-            conversation_id: f.long("conversationId")?,
-            user_ids: f.longs("userIds")?,
+            conversation_id: f.id("conversationId")?,
+            user_ids: f.ids("userIds")?,
             events_offset: f.long("eventsOffset")?,
         })
     }
@@ -56,8 +57,8 @@ mod tests {
     fn an_entry_round_trips() {
         let codec = FanoutMembersCodec::new(7);
         let m = FanoutMembers {
-            conversation_id: 12,
-            user_ids: vec![1, 5, 9],
+            conversation_id: ConversationId::of(12),
+            user_ids: vec![UserId::of(1), UserId::of(5), UserId::of(9)],
             events_offset: 40_000,
         };
         let bytes = codec.encode(&m);

@@ -4,12 +4,13 @@ use apache_avro::types::Value;
 use apache_avro::Schema;
 use serde::{Deserialize, Serialize};
 
-use crate::avro::{read_with, record, CodecError, Fields, Framed};
+use crate::avro::{long, read_with, record, CodecError, Fields, Framed};
+use crate::UserId;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Presence {
-    pub user_id: i64,
+    pub user_id: UserId,
     pub gateway_id: String,
     /// The chat.deliveries partition the gateway reads.
     pub partition: i32,
@@ -19,14 +20,14 @@ pub struct Presence {
 }
 
 /// The record key of `user` on `gateway`: `<userId>@<gatewayId>`.
-pub fn key(user: i64, gateway: &str) -> String {
+pub fn key(user: UserId, gateway: &str) -> String {
     format!("{user}@{gateway}")
 }
 
 /// The user and gateway of a record key (tombstones have only the key).
-pub fn parse_key(key: &str) -> Option<(i64, &str)> {
+pub fn parse_key(key: &str) -> Option<(UserId, &str)> {
     let (user, gateway) = key.split_once('@')?;
-    Some((user.parse().ok().filter(|u| *u > 0)?, gateway))
+    Some((user.parse().ok()?, gateway))
 }
 
 #[derive(Debug, Clone)]
@@ -39,7 +40,7 @@ impl PresenceCodec {
 
     pub fn encode(&self, p: &Presence) -> Vec<u8> {
         self.0.encode(record(vec![
-            ("userId", Value::Long(p.user_id)),
+            ("userId", long(p.user_id)),
             ("gatewayId", Value::String(p.gateway_id.clone())),
             ("partition", Value::Int(p.partition)),
             ("sessions", Value::Int(p.sessions)),
@@ -53,7 +54,7 @@ impl Presence {
     pub fn decode_with(writer: &Schema, bytes: &[u8]) -> Result<Self, CodecError> {
         let mut f = Fields::of(read_with(writer, bytes)?, "Presence")?;
         Ok(Self {
-            user_id: f.long("userId")?,
+            user_id: f.id("userId")?,
             gateway_id: f.string("gatewayId")?,
             partition: i32::try_from(f.long("partition")?)
                 .map_err(|_| CodecError::Shape("partition out of range".into()))?,
@@ -72,7 +73,7 @@ mod tests {
     fn presence_round_trips_and_keys_parse() {
         let codec = PresenceCodec::new(3);
         let p = Presence {
-            user_id: 42,
+            user_id: UserId::of(42),
             gateway_id: "gw-1".into(),
             partition: 1,
             sessions: 2,
@@ -80,7 +81,11 @@ mod tests {
         };
         let bytes = codec.encode(&p);
         assert_eq!(Presence::decode_with(codec.0.schema(), &bytes).unwrap(), p);
-        assert_eq!(parse_key(&key(42, "gw-1")), Some((42, "gw-1")));
+        assert_eq!(
+            parse_key(&key(UserId::of(42), "gw-1")),
+            Some((UserId::of(42), "gw-1"))
+        );
+        assert_eq!(parse_key("0@gw"), None);
         assert_eq!(parse_key("42"), None);
         assert_eq!(parse_key("x@gw"), None);
         assert!(Presence::decode_with(codec.0.schema(), b"\0\0\0\0\x03\xff").is_err());

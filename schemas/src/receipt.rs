@@ -5,14 +5,15 @@ use apache_avro::Schema;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::avro::{CodecError, Framed};
+use crate::avro::{long, CodecError, Fields, Framed};
+use crate::{ConversationId, Seq, UserId};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ReadReceipt {
-    pub conversation_id: i64,
-    pub user_id: i64,
-    pub seq: i64,
+    pub conversation_id: ConversationId,
+    pub user_id: UserId,
+    pub seq: Seq,
     pub at: DateTime<Utc>,
 }
 
@@ -29,17 +30,11 @@ impl ReceiptCodec {
     }
 
     pub fn encode(&self, receipt: &ReadReceipt) -> Vec<u8> {
-        self.0.encode(Value::Record(vec![
-            (
-                "conversationId".into(),
-                Value::Long(receipt.conversation_id),
-            ),
-            ("userId".into(), Value::Long(receipt.user_id)),
-            ("seq".into(), Value::Long(receipt.seq)),
-            (
-                "at".into(),
-                Value::TimestampMicros(receipt.at.timestamp_micros()),
-            ),
+        self.0.encode(crate::avro::record(vec![
+            ("conversationId", long(receipt.conversation_id)),
+            ("userId", long(receipt.user_id)),
+            ("seq", long(receipt.seq)),
+            ("at", crate::avro::micros(&receipt.at)),
         ]))
     }
 
@@ -58,26 +53,12 @@ impl ReadReceipt {
 
     /// From a decoded record of any schema version, by field name.
     pub fn from_value(value: Value) -> Result<Self, CodecError> {
-        let Value::Record(fields) = value else {
-            return Err(CodecError::Shape("ReadReceipt is not a record".into()));
-        };
-        let get = |name: &str| {
-            fields
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone())
-        };
-        let long = |name: &str| match get(name) {
-            Some(Value::Long(v)) | Some(Value::TimestampMicros(v)) => Ok(v),
-            Some(Value::Int(v)) => Ok(v.into()),
-            other => Err(CodecError::Shape(format!("{name}: {other:?}"))),
-        };
+        let mut f = Fields::of(value, "ReadReceipt")?;
         Ok(Self {
-            conversation_id: long("conversationId")?,
-            user_id: long("userId")?,
-            seq: long("seq")?,
-            at: DateTime::from_timestamp_micros(long("at")?)
-                .ok_or_else(|| CodecError::Shape("at out of range".into()))?,
+            conversation_id: f.id("conversationId")?,
+            user_id: f.id("userId")?,
+            seq: f.id("seq")?,
+            at: f.timestamp("at")?,
         })
     }
 }
@@ -90,9 +71,9 @@ mod tests {
     fn receipts_round_trip_through_framed_avro() {
         let codec = ReceiptCodec::new(9);
         let r = ReadReceipt {
-            conversation_id: 7,
-            user_id: 20,
-            seq: 50,
+            conversation_id: ConversationId::of(7),
+            user_id: UserId::of(20),
+            seq: Seq::of(50),
             at: DateTime::from_timestamp_micros(1_764_480_000_000_001).unwrap(),
         };
         let bytes = codec.encode(&r);

@@ -228,9 +228,9 @@ async fn main() -> anyhow::Result<()> {
                 (0..live).step_by((live / 60).max(1) as usize).map(|i| {
                     let conversation = SYNTHETIC_FIRST_ID + i;
                     let e = ChatEvent::MessageNew(MessageNew {
-                        conversation_id: conversation,
-                        seq: 1_000_000,
-                        sender_id: 1,
+                        conversation_id: chatpipe_schemas::ConversationId::of(conversation),
+                        seq: chatpipe_schemas::Seq::of(1_000_000),
+                        sender_id: chatpipe_schemas::UserId::of(1),
                         client_msg_id: uuid::Uuid::new_v4(),
                         body: "now".into(),
                         created_at: chrono::Utc::now(),

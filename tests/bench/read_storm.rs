@@ -103,9 +103,9 @@ async fn main() -> anyhow::Result<()> {
     let started = Instant::now();
     let sends = futures::stream::iter(storm.iter().map(|&(conv, user, seq)| {
         let bytes = receipt_codec.encode(&ReadReceipt {
-            conversation_id: conv,
-            user_id: user,
-            seq,
+            conversation_id: chatpipe_schemas::ConversationId::of(conv),
+            user_id: chatpipe_schemas::UserId::of(user),
+            seq: chatpipe_schemas::Seq::of(seq),
             at: chrono::Utc::now(),
         });
         let producer = producer.clone();

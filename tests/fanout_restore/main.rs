@@ -6,12 +6,9 @@
 use std::time::{Duration, Instant};
 
 use chatpipe_schemas::registry::Registry;
-use chatpipe_schemas::{ChatEvent, ConversationCreated, MemberJoined, MessageNew};
+use chatpipe_tests::bench::{live_groups, old_messages, produce_events, start_group_at_end};
 use chatpipe_tests::registry_url;
 use chatpipe_tests::stream::{brokers, spawn_pipeline};
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
-use rdkafka::{Offset, TopicPartitionList};
 
 const PUSH_DEADLINE: Duration = Duration::from_secs(20);
 const PRESENCE_DEADLINE: Duration = Duration::from_secs(20);
@@ -22,38 +19,6 @@ fn is_message(conversation: i64, seq: i64) -> impl Fn(&serde_json::Value) -> boo
 
 const CONVERSATIONS: i64 = 10_000;
 const HISTORY: i64 = 1_000_000;
-/// Synthetic conversations get ids far above the real ones the API hands out.
-const FIRST_ID: i64 = 1_000_000;
-
-/// Produces `events` to `topic` keyed by conversation id (murmur2, as Debezium
-/// partitions), waiting for every ack.
-fn produce_all(topic: &str, events: impl Iterator<Item = (i64, Vec<u8>)>) -> u64 {
-    let producer: ThreadedProducer<DefaultProducerContext> =
-        chatpipe_core::kafka::producer_config(&brokers())
-            .set("linger.ms", "20")
-            .set("batch.num.messages", "10000")
-            .set("queue.buffering.max.messages", "500000")
-            .create()
-            .unwrap();
-    let mut n = 0;
-    for (conversation, value) in events {
-        let key = conversation.to_string();
-        let mut record = BaseRecord::to(topic).key(&key).payload(&value);
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((_, back)) => {
-                    // The local queue is full: let the broker catch up.
-                    producer.poll(Duration::from_millis(10));
-                    record = back;
-                }
-            }
-        }
-        n += 1;
-    }
-    producer.flush(Duration::from_secs(120)).unwrap();
-    n
-}
 
 #[tokio::test]
 async fn a_fanout_restarted_after_a_million_records_restores_from_the_changelog() {
@@ -71,20 +36,10 @@ async fn a_fanout_restarted_after_a_million_records_restores_from_the_changelog(
     let history = {
         let codec = codec.clone();
         tokio::task::spawn_blocking(move || {
-            produce_all(
+            produce_events(
+                &brokers(),
                 &topic,
-                (0..HISTORY).map(|i| {
-                    let conversation = FIRST_ID + i % CONVERSATIONS;
-                    let event = ChatEvent::MessageNew(MessageNew {
-                        conversation_id: conversation,
-                        seq: i / CONVERSATIONS + 1,
-                        sender_id: 1,
-                        client_msg_id: uuid::Uuid::nil(),
-                        body: "old".into(),
-                        created_at: long_ago,
-                    });
-                    (conversation, codec.encode(&event))
-                }),
+                old_messages(&codec, HISTORY, CONVERSATIONS, long_ago),
             )
         })
         .await
@@ -95,46 +50,15 @@ async fn a_fanout_restarted_after_a_million_records_restores_from_the_changelog(
         started.elapsed().as_secs_f64()
     );
     // The fanout group starts after the history, as if it had processed it long ago.
-    let group = p.fanout_settings().fanout.group;
-    let committer: BaseConsumer = chatpipe_core::kafka::consumer_config(&brokers(), &group)
-        .create()
-        .unwrap();
-    let mut ends = TopicPartitionList::new();
-    for partition in 0..6 {
-        let (_, high) = committer
-            .fetch_watermarks(&p.topic, partition, Duration::from_secs(10))
-            .unwrap();
-        ends.add_partition_offset(&p.topic, partition, Offset::Offset(high))
-            .unwrap();
-    }
-    committer.commit(&ends, CommitMode::Sync).unwrap();
-    drop(committer);
+    start_group_at_end(&brokers(), &p.fanout_settings().fanout.group, &p.topic, 6);
 
     // The live state: 10,000 conversations of two members each, and one real one.
     let topic = p.topic.clone();
     let membership = tokio::task::spawn_blocking(move || {
-        produce_all(
+        produce_events(
+            &brokers(),
             &topic,
-            (0..CONVERSATIONS).flat_map(|i| {
-                let conversation = FIRST_ID + i;
-                let created = ChatEvent::ConversationCreated(ConversationCreated {
-                    conversation_id: conversation,
-                    conversation_type: "GROUP".into(),
-                    title: None,
-                    created_by: 1,
-                    occurred_at: long_ago,
-                });
-                let joined = |user| {
-                    ChatEvent::MemberJoined(MemberJoined {
-                        conversation_id: conversation,
-                        user_id: user,
-                        last_read_seq: 0,
-                        added_by: 1,
-                        occurred_at: long_ago,
-                    })
-                };
-                [created, joined(1), joined(2 + i)].map(|e| (conversation, codec.encode(&e)))
-            }),
+            live_groups(&codec, CONVERSATIONS, long_ago),
         )
     })
     .await

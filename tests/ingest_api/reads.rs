@@ -79,7 +79,7 @@ async fn read_updated_is_written_only_when_the_watermark_advances() {
         .await
         .into_iter()
         .filter_map(|e| match e {
-            chatpipe_schemas::ChatEvent::ReadUpdated(e) => Some(e.last_read_seq),
+            chatpipe_schemas::ChatEvent::ReadUpdated(e) => Some(e.last_read_seq.get()),
             _ => None,
         })
         .collect();

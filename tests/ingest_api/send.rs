@@ -248,7 +248,11 @@ async fn the_outbox_event_of_a_send_is_committed_with_the_message() {
         panic!("expected message.new");
     };
     assert_eq!(
-        (event.conversation_id, event.seq, event.sender_id),
+        (
+            event.conversation_id.get(),
+            event.seq.get(),
+            event.sender_id.get()
+        ),
         (conv, seq, 10)
     );
     assert_eq!(event.body, "hello");

@@ -112,7 +112,10 @@ async fn a_gateway_killed_and_restarted_loses_no_seq_for_its_clients() {
     // Nobody said goodbye: bob stops counting when his lease (3 s) runs out, and fanout
     // tombstones the dead gateway's entry so the compacted topic forgets it.
     fanout.wait_offline(&[bob], Duration::from_secs(15)).await;
-    let key = chatpipe_schemas::presence::key(bob, &p.gateway_settings("proc", 1).gateway.id);
+    let key = chatpipe_schemas::presence::key(
+        chatpipe_schemas::UserId::of(bob),
+        &p.gateway_settings("proc", 1).gateway.id,
+    );
     wait_for_tombstone(&p.presence_topic(), &key, Duration::from_secs(15)).await;
 
     let mut gateway = spawn_gateway(&p, &addr);

@@ -56,7 +56,7 @@ async fn a_conversation_past_retention_is_loaded_from_postgres_once() {
     p.consume_until(Duration::from_secs(30), |rs| {
         rs.iter().any(|r| {
             matches!(&r.event, ChatEvent::MemberJoined(j)
-                if j.conversation_id == conversation && j.user_id == bob)
+                if j.conversation_id.get() == conversation && j.user_id.get() == bob)
         })
     })
     .await;

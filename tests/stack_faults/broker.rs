@@ -41,6 +41,26 @@ fn signal(sig: &str, pid: i32) {
     assert!(status.success(), "kill {sig} {pid}");
 }
 
+/// Waits until the broker acknowledges a record from an idempotent producer (which
+/// needs the transaction coordinator loaded); returns how long that took. `topic` is
+/// one nobody in the test reads.
+async fn broker_serves(topic: &str, deadline: Duration) -> Duration {
+    let started = Instant::now();
+    let producer: rdkafka::producer::FutureProducer =
+        chatpipe_core::kafka::producer_config(&chatpipe_tests::stream::brokers())
+            .create()
+            .expect("Kafka producer");
+    let record = rdkafka::producer::FutureRecord::to(topic)
+        .key("probe")
+        .payload("broker readiness probe");
+    match producer.send(record, deadline).await {
+        Ok(_) => started.elapsed(),
+        Err((e, _)) => panic!(
+            "the broker did not serve an idempotent producer within {deadline:?} of its return: {e}"
+        ),
+    }
+}
+
 fn is_message(conversation: i64, seq: i64) -> impl Fn(&Value) -> bool {
     move |f| f["type"] == "message.new" && f["conversationId"] == conversation && f["seq"] == seq
 }
@@ -110,8 +130,17 @@ async fn broker_fault(fault: Fault) {
             during
         }
     };
+    // A restarted broker opens its port before it has loaded its coordinators; the
+    // idempotent producers of every service (and Connect's) wait for the transaction
+    // coordinator. Our services are timed from when the broker serves one again; how
+    // long the broker itself took is printed beside it.
+    let probe = format!("{}.dlq", p.receipts_topic);
+    let broker_ready = broker_serves(&probe, Duration::from_secs(180)).await;
     let resumed = Instant::now();
-    eprintln!("broker back ({fault:?})");
+    eprintln!(
+        "broker back ({fault:?}), serving an idempotent producer {:.1} s later",
+        broker_ready.as_secs_f64()
+    );
 
     // Pushes resume on bob's open WebSocket. The first messages after a long outage may
     // find bob's presence lease expired (his gateway could not renew it while the broker

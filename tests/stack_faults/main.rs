@@ -85,7 +85,7 @@ pub fn messages(records: &[Record]) -> Vec<(i64, i64)> {
     records
         .iter()
         .filter_map(|r| match &r.event {
-            ChatEvent::MessageNew(m) => Some((m.conversation_id, m.seq)),
+            ChatEvent::MessageNew(m) => Some((m.conversation_id.get(), m.seq.get())),
             _ => None,
         })
         .collect()

@@ -10,7 +10,9 @@ fn message_seqs(records: &[Record]) -> BTreeMap<i64, Vec<i64>> {
     let mut seqs: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
     for r in records {
         if let ChatEvent::MessageNew(m) = &r.event {
-            seqs.entry(m.conversation_id).or_default().push(m.seq);
+            seqs.entry(m.conversation_id.get())
+                .or_default()
+                .push(m.seq.get());
         }
     }
     seqs
@@ -48,7 +50,12 @@ async fn a_message_sent_through_the_api_arrives_on_chat_events_decoded_and_keyed
         unreachable!()
     };
     assert_eq!(
-        (m.conversation_id, m.seq, m.sender_id, m.body.as_str()),
+        (
+            m.conversation_id.get(),
+            m.seq.get(),
+            m.sender_id.get(),
+            m.body.as_str()
+        ),
         (conv, seq, 10, "über Kafka")
     );
     // The conversation's earlier events came first, on the same partition.
@@ -123,7 +130,7 @@ async fn two_thousand_messages_over_twenty_conversations_all_arrive_in_seq_order
             let seen: BTreeSet<(i64, i64)> = rs
                 .iter()
                 .filter_map(|r| match &r.event {
-                    ChatEvent::MessageNew(m) => Some((m.conversation_id, m.seq)),
+                    ChatEvent::MessageNew(m) => Some((m.conversation_id.get(), m.seq.get())),
                     _ => None,
                 })
                 .collect();
@@ -172,7 +179,7 @@ async fn read_advances_reach_the_topic_and_non_advances_do_not() {
     let reads = |rs: &[Record]| -> Vec<i64> {
         rs.iter()
             .filter_map(|r| match &r.event {
-                ChatEvent::ReadUpdated(e) if e.user_id == 20 => Some(e.last_read_seq),
+                ChatEvent::ReadUpdated(e) if e.user_id.get() == 20 => Some(e.last_read_seq.get()),
                 _ => None,
             })
             .collect()

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use chatpipe_schemas::receipt::{ReadReceipt, ReceiptCodec};
 use chatpipe_schemas::registry::Registry;
-use chatpipe_schemas::ChatEvent;
+use chatpipe_schemas::{ChatEvent, ConversationId, Seq, UserId};
 use chatpipe_tests::stream::{
     dlq_records, produce_raw, spawn_pipeline_with, wait_until_consumed, Pipeline, Record,
 };
@@ -29,7 +29,7 @@ fn reads_of(records: &[Record], user: i64) -> Vec<i64> {
     records
         .iter()
         .filter_map(|r| match &r.event {
-            ChatEvent::ReadUpdated(e) if e.user_id == user => Some(e.last_read_seq),
+            ChatEvent::ReadUpdated(e) if e.user_id.get() == user => Some(e.last_read_seq.get()),
             _ => None,
         })
         .collect()
@@ -64,9 +64,9 @@ impl Receipts {
 
     async fn send(&self, conv: i64, user: i64, seq: i64) {
         let bytes = self.codec.encode(&ReadReceipt {
-            conversation_id: conv,
-            user_id: user,
-            seq,
+            conversation_id: ConversationId::of(conv),
+            user_id: UserId::of(user),
+            seq: Seq::of(seq),
             at: chrono::Utc::now(),
         });
         let key = conv.to_string();
@@ -183,6 +183,9 @@ async fn a_garbage_record_goes_to_the_dead_letter_topic_and_later_receipts_still
 
     produce_raw(&p.receipts_topic, &key, b"{\"not\": \"avro\"}").await;
     produce_raw(&p.receipts_topic, &key, &[0, 0, 0, 0]).await;
+    // Well-framed Avro of the registered schema, but a seq no message can have.
+    let out_of_range = receipt_with_raw_seq(conv, 20, -1).await;
+    produce_raw(&p.receipts_topic, &key, &out_of_range).await;
     p.app
         .user(20)
         .post(&format!("/conversations/{conv}/read"), json!({"seq": 4}))
@@ -197,10 +200,20 @@ async fn a_garbage_record_goes_to_the_dead_letter_topic_and_later_receipts_still
         "a bad record does not stop the processor"
     );
 
-    // Both bad records are in the DLQ, unchanged, with the reason in a header.
-    let dlq = dlq_records(&format!("{}.dlq", p.receipts_topic), 2).await;
+    // The bad records are in the DLQ, unchanged, with the reason in a header.
+    let dlq = dlq_records(&format!("{}.dlq", p.receipts_topic), 3).await;
     assert_eq!(dlq[0].1, b"{\"not\": \"avro\"}");
     assert_eq!(dlq[1].1, [0, 0, 0, 0]);
+    assert_eq!(dlq[2].1, out_of_range);
+    let reason = |i: usize| {
+        dlq[i]
+            .2
+            .iter()
+            .find(|(h, _)| h == "error")
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    assert!(reason(2).contains("seq"), "{}", reason(2));
     for (k, _, headers) in &dlq {
         assert_eq!(k, &key);
         assert!(
@@ -213,6 +226,31 @@ async fn a_garbage_record_goes_to_the_dead_letter_topic_and_later_receipts_still
     }
     processor.stop().unwrap();
     p.cleanup().await;
+}
+
+/// A receipt framed with the registered schema's id whose seq is `seq` as given, in
+/// range or not: what a buggy or hostile producer could write.
+async fn receipt_with_raw_seq(conv: i64, user: i64, seq: i64) -> Vec<u8> {
+    use apache_avro::types::Value;
+    let registry = Registry::new(&registry_url(), Duration::from_secs(5)).unwrap();
+    let valid = registry
+        .receipt_codec()
+        .await
+        .unwrap()
+        .encode(&ReadReceipt {
+            conversation_id: ConversationId::of(conv),
+            user_id: UserId::of(user),
+            seq: Seq::of(1),
+            at: chrono::Utc::now(),
+        });
+    let schema_id = u32::from_be_bytes(valid[1..5].try_into().unwrap());
+    let contract = chatpipe_schemas::contract::READ_RECEIPTS;
+    chatpipe_schemas::avro::Framed::new(contract.schema, schema_id).encode(Value::Record(vec![
+        ("conversationId".into(), Value::Long(conv)),
+        ("userId".into(), Value::Long(user)),
+        ("seq".into(), Value::Long(seq)),
+        ("at".into(), Value::TimestampMicros(0)),
+    ]))
 }
 
 /// `pipeline receipts` as a process of its own, configured for this namespace.
@@ -251,7 +289,7 @@ async fn read_updated_rows(app: &TestApp, user: i64) -> Vec<i64> {
     payloads
         .iter()
         .filter_map(|b| match app.codec.decode(b).unwrap() {
-            ChatEvent::ReadUpdated(e) if e.user_id == user => Some(e.last_read_seq),
+            ChatEvent::ReadUpdated(e) if e.user_id.get() == user => Some(e.last_read_seq.get()),
             _ => None,
         })
         .collect()
@@ -368,7 +406,7 @@ async fn two_processors_one_stopped_lose_nothing_and_regress_nothing() {
         if let ChatEvent::ReadUpdated(e) = p.app.codec.decode(&bytes).unwrap() {
             let prev = last
                 .insert((e.conversation_id, e.user_id), e.last_read_seq)
-                .unwrap_or(0);
+                .unwrap_or(chatpipe_schemas::Watermark::ZERO);
             assert!(e.last_read_seq > prev, "{e:?} after {prev}");
         }
     }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use chatpipe_schemas::registry::Registry;
-use chatpipe_schemas::ChatEvent;
+use chatpipe_schemas::{ChatEvent, ConversationId, Seq, UserId, Watermark};
 use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use serde_json::json;
@@ -74,7 +74,7 @@ pub async fn start_event_reader(
                 arrivals
                     .lock()
                     .await
-                    .entry((e.conversation_id, e.seq))
+                    .entry((e.conversation_id.get(), e.seq.get()))
                     .or_insert(now);
             }
         }
@@ -217,9 +217,9 @@ pub fn old_messages(
     (0..history).map(move |i| {
         let conversation = SYNTHETIC_FIRST_ID + i % live;
         let event = ChatEvent::MessageNew(chatpipe_schemas::MessageNew {
-            conversation_id: conversation,
-            seq: i / live + 1,
-            sender_id: 1,
+            conversation_id: ConversationId::of(conversation),
+            seq: Seq::of(i / live + 1),
+            sender_id: UserId::of(1),
             client_msg_id: uuid::Uuid::nil(),
             body: "old".into(),
             created_at: at,
@@ -238,22 +238,23 @@ pub fn live_groups(
     (0..live).flat_map(move |i| {
         let conversation = SYNTHETIC_FIRST_ID + i;
         let created = ChatEvent::ConversationCreated(chatpipe_schemas::ConversationCreated {
-            conversation_id: conversation,
+            conversation_id: ConversationId::of(conversation),
             conversation_type: "GROUP".into(),
             title: None,
-            created_by: 1,
+            created_by: UserId::of(1),
             occurred_at: at,
         });
         let joined = |user| {
             ChatEvent::MemberJoined(chatpipe_schemas::MemberJoined {
-                conversation_id: conversation,
+                conversation_id: ConversationId::of(conversation),
                 user_id: user,
-                last_read_seq: 0,
-                added_by: 1,
+                last_read_seq: Watermark::ZERO,
+                added_by: UserId::of(1),
                 occurred_at: at,
             })
         };
-        [created, joined(1), joined(2 + i)].map(|e| (conversation, codec.encode(&e)))
+        [created, joined(UserId::of(1)), joined(UserId::of(2 + i))]
+            .map(|e| (conversation, codec.encode(&e)))
     })
 }
 

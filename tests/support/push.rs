@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use chatpipe_core::UserId;
 use futures::{SinkExt, StreamExt};
 use serde_json::Value;
 use tokio::net::TcpStream;
@@ -132,7 +133,7 @@ impl FanoutProcessor {
     pub async fn wait_online(&self, users: &[i64], deadline: Duration) {
         let until = Instant::now() + deadline;
         loop {
-            let seen = self.status.online_among(users);
+            let seen = self.status.online_among(&typed(users));
             if seen == users.len() {
                 return;
             }
@@ -149,7 +150,7 @@ impl FanoutProcessor {
     /// Waits until none of `users` counts as online any more.
     pub async fn wait_offline(&self, users: &[i64], deadline: Duration) {
         let until = Instant::now() + deadline;
-        while self.status.online_among(users) > 0 {
+        while self.status.online_among(&typed(users)) > 0 {
             assert!(
                 Instant::now() < until,
                 "users still online after {deadline:?}"
@@ -394,4 +395,8 @@ impl Drop for Collector {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+fn typed(users: &[i64]) -> Vec<UserId> {
+    users.iter().map(|&u| UserId::of(u)).collect()
 }

@@ -38,9 +38,10 @@ pub async fn mark_read(
     let accepted = seq.get().min(position.last_seq);
     if accepted > position.last_read_seq {
         let receipt = ReadReceipt {
-            conversation_id: conversation.get(),
-            user_id: reader.get(),
-            seq: accepted,
+            conversation_id: conversation,
+            user_id: reader,
+            // Above a watermark, which is never negative.
+            seq: Seq::of(accepted),
             at: chatpipe_core::outbox::now(),
         };
         producer.send(&receipt).await?;

@@ -1,6 +1,6 @@
 //! Creating conversations and changing who is in them.
 
-use chatpipe_core::{ConversationId, UserId};
+use chatpipe_core::{db, ConversationId, UserId, Watermark};
 use chatpipe_schemas::{ChatEvent, ConversationCreated, MemberJoined, MemberLeft};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -58,16 +58,16 @@ pub async fn create_group(
     .bind(member_ids.len() as i32)
     .fetch_one(&mut *tx)
     .await?;
-    let id = view.conversation_id;
-    insert_members(&mut tx, id, &member_ids, 0).await?;
+    let id = db::id(view.conversation_id)?;
+    let members = insert_members(&mut tx, id, &member_ids, Watermark::ZERO).await?;
     let mut events = vec![ChatEvent::ConversationCreated(ConversationCreated {
         conversation_id: id,
         conversation_type: "GROUP".into(),
         title,
-        created_by: creator.get(),
+        created_by: creator,
         occurred_at: at,
     })];
-    events.extend(joined_events(id, &member_ids, 0, creator, at));
+    events.extend(joined_events(id, &members, Watermark::ZERO, creator, at));
     db.outbox.write(&mut tx, &events).await?;
     tx.commit().await?;
     Ok(view)
@@ -100,7 +100,7 @@ pub async fn open_direct(
     .bind(at)
     .fetch_one(&mut *tx)
     .await?;
-    let id = view.conversation_id;
+    let id: ConversationId = db::id(view.conversation_id)?;
     // Waits for a concurrent insert of the same pair to commit or roll back.
     let won = sqlx::query(
         "INSERT INTO direct_pair (user_low, user_high, conversation_id) VALUES ($1, $2, $3)
@@ -108,7 +108,7 @@ pub async fn open_direct(
     )
     .bind(low.get())
     .bind(high.get())
-    .bind(id)
+    .bind(id.get())
     .execute(&mut *tx)
     .await?
     .rows_affected()
@@ -120,16 +120,15 @@ pub async fn open_direct(
             .ok_or(ApiError::Database(sqlx::Error::RowNotFound))?;
         return Ok((view, false));
     }
-    let members = [low.get(), high.get()];
-    insert_members(&mut tx, id, &members, 0).await?;
+    let members = insert_members(&mut tx, id, &[low.get(), high.get()], Watermark::ZERO).await?;
     let mut events = vec![ChatEvent::ConversationCreated(ConversationCreated {
         conversation_id: id,
         conversation_type: "DIRECT".into(),
         title: None,
-        created_by: caller.get(),
+        created_by: caller,
         occurred_at: at,
     })];
-    events.extend(joined_events(id, &members, 0, caller, at));
+    events.extend(joined_events(id, &members, Watermark::ZERO, caller, at));
     db.outbox.write(&mut tx, &events).await?;
     tx.commit().await?;
     view.peer_id = Some(peer.get());
@@ -205,12 +204,12 @@ async fn lock_group_as_member(
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MembersAdded {
-    pub conversation_id: i64,
+    pub conversation_id: ConversationId,
     /// The users who were not members before this call.
-    pub added: Vec<i64>,
+    pub added: Vec<UserId>,
     pub member_count: i32,
     /// The watermark the new members start at: the conversation's last_seq.
-    pub last_read_seq: i64,
+    pub last_read_seq: Watermark,
 }
 
 /// Adds members to a GROUP. They start at `last_read_seq = last_seq`: no inherited unread.
@@ -224,7 +223,8 @@ pub async fn add_members(
 ) -> Result<MembersAdded, ApiError> {
     let mut tx = db.pool.begin().await?;
     let locked = lock_group_as_member(&mut tx, conversation, caller).await?;
-    let added = insert_members(&mut tx, conversation.get(), user_ids, locked.last_seq).await?;
+    let start = db::id(locked.last_seq)?;
+    let added = insert_members(&mut tx, conversation, user_ids, start).await?;
     let member_count = locked.member_count as usize + added.len();
     if member_count > max_members {
         // Dropping `tx` rolls the inserts back.
@@ -235,15 +235,14 @@ pub async fn add_members(
         .bind(member_count as i32)
         .execute(&mut *tx)
         .await?;
-    let events: Vec<_> =
-        joined_events(conversation.get(), &added, locked.last_seq, caller, now()).collect();
+    let events: Vec<_> = joined_events(conversation, &added, start, caller, now()).collect();
     db.outbox.write(&mut tx, &events).await?;
     tx.commit().await?;
     Ok(MembersAdded {
-        conversation_id: conversation.get(),
+        conversation_id: conversation,
         added,
         member_count: member_count as i32,
-        last_read_seq: locked.last_seq,
+        last_read_seq: start,
     })
 }
 
@@ -276,9 +275,9 @@ pub async fn remove_member(
         .execute(&mut *tx)
         .await?;
     let event = ChatEvent::MemberLeft(MemberLeft {
-        conversation_id: conversation.get(),
-        user_id: user.get(),
-        removed_by: caller.get(),
+        conversation_id: conversation,
+        user_id: user,
+        removed_by: caller,
         occurred_at: now(),
     });
     db.outbox.write(&mut tx, &[event]).await?;
@@ -289,29 +288,29 @@ pub async fn remove_member(
 /// Inserts the users not yet members, at watermark `last_read_seq`; returns who was new.
 async fn insert_members(
     conn: &mut PgConnection,
-    conversation: i64,
+    conversation: ConversationId,
     user_ids: &[i64],
-    last_read_seq: i64,
-) -> Result<Vec<i64>, sqlx::Error> {
+    last_read_seq: Watermark,
+) -> Result<Vec<UserId>, sqlx::Error> {
     let mut added: Vec<i64> = sqlx::query_scalar(
         "INSERT INTO conversation_member (conversation_id, user_id, last_read_seq)
          SELECT $1, u, $3 FROM unnest($2::bigint[]) AS u
          ON CONFLICT (conversation_id, user_id) DO NOTHING
          RETURNING user_id",
     )
-    .bind(conversation)
+    .bind(conversation.get())
     .bind(user_ids)
-    .bind(last_read_seq)
+    .bind(last_read_seq.get())
     .fetch_all(conn)
     .await?;
     added.sort_unstable();
-    Ok(added)
+    added.into_iter().map(db::id).collect()
 }
 
 fn joined_events(
-    conversation: i64,
-    users: &[i64],
-    last_read_seq: i64,
+    conversation: ConversationId,
+    users: &[UserId],
+    last_read_seq: Watermark,
     added_by: UserId,
     at: DateTime<Utc>,
 ) -> impl Iterator<Item = ChatEvent> + '_ {
@@ -320,7 +319,7 @@ fn joined_events(
             conversation_id: conversation,
             user_id,
             last_read_seq,
-            added_by: added_by.get(),
+            added_by,
             occurred_at: at,
         })
     })

@@ -1,6 +1,6 @@
 //! The send path (DESIGN.md "Sending") and history paging.
 
-use chatpipe_core::{ConversationId, UserId};
+use chatpipe_core::{db, ConversationId, UserId};
 use chatpipe_schemas::{ChatEvent, MessageNew};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -90,9 +90,9 @@ pub async fn send(
     let seq = last_seq + 1;
     let created_at = now();
     let event = ChatEvent::MessageNew(MessageNew {
-        conversation_id: conversation.get(),
-        seq,
-        sender_id: sender.get(),
+        conversation_id: conversation,
+        seq: db::id(seq)?,
+        sender_id: sender,
         client_msg_id,
         body: body.as_str().to_owned(),
         created_at,

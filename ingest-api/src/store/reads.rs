@@ -25,8 +25,7 @@ pub async fn mark_read(
     seq: Seq,
 ) -> Result<ReadOutcome, ApiError> {
     let mut tx = db.pool.begin().await?;
-    let moved =
-        watermark::advance(&mut tx, &[((conversation.get(), reader.get()), seq.get())]).await?;
+    let moved = watermark::advance(&mut tx, &[((conversation, reader), seq)]).await?;
     let advanced_to = moved.first().copied();
 
     let Some(advanced) = advanced_to else {
@@ -44,7 +43,7 @@ pub async fn mark_read(
             advanced: false,
         });
     };
-    let last_read_seq = advanced.last_read_seq;
+    let last_read_seq = advanced.last_read_seq.get();
     db.outbox.write(&mut tx, &[advanced.event(now())]).await?;
     tx.commit().await?;
     metrics::counter!("read_watermark_advances_total").increment(1);

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use chatpipe_schemas::members::{FanoutMembers, FanoutMembersCodec};
+use chatpipe_schemas::ConversationId;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 
@@ -24,9 +25,9 @@ pub struct Changelog {
 
 impl Changelog {
     /// The value of `conversation`'s entry now (`None`: a tombstone).
-    pub fn value(&self, members: &Members, conversation: i64) -> Option<Vec<u8>> {
+    pub fn value(&self, members: &Members, conversation: ConversationId) -> Option<Vec<u8>> {
         members.entry(conversation).map(|e| {
-            let mut users: Vec<i64> = e.members.iter().copied().collect();
+            let mut users: Vec<_> = e.members.iter().copied().collect();
             users.sort_unstable();
             self.codec.encode(&FanoutMembers {
                 conversation_id: conversation,

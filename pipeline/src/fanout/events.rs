@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use chatpipe_schemas::delivery::DeliveryCodec;
-use chatpipe_schemas::ChatEvent;
+use chatpipe_schemas::{ChatEvent, ConversationId, UserId};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use sqlx::PgPool;
@@ -151,7 +151,11 @@ impl Fanout {
 
     /// Writes the changelog entry of `conversation` as the store holds it now (a
     /// tombstone if it holds nothing), on `partition`; offsets wait for its ack.
-    fn write_changelog(&mut self, partition: i32, conversation: i64) -> Result<(), Failure> {
+    fn write_changelog(
+        &mut self,
+        partition: i32,
+        conversation: ConversationId,
+    ) -> Result<(), Failure> {
         let value = self.changelog.value(&self.members, conversation);
         let key = conversation.to_string();
         let n = self.sent;
@@ -231,14 +235,14 @@ impl Fanout {
 
     /// The members of a conversation not in memory (evicted, never seen, or one of its
     /// events could not be read): from PostgreSQL, then kept from its events.
-    fn load_members(&mut self, conversation: i64, at: Position) -> Result<(), Failure> {
+    fn load_members(&mut self, conversation: ConversationId, at: Position) -> Result<(), Failure> {
         let users: Vec<i64> = self
             .handle
             .block_on(
                 sqlx::query_scalar(
                     "SELECT user_id FROM conversation_member WHERE conversation_id = $1",
                 )
-                .bind(conversation)
+                .bind(conversation.get())
                 .fetch_all(&self.pool),
             )
             .with_context(|| format!("loading the members of conversation {conversation}"))
@@ -249,7 +253,11 @@ impl Fanout {
             conversation,
             Conversation {
                 partition: at.partition,
-                members: users.into_iter().collect(),
+                members: users
+                    .into_iter()
+                    .map(chatpipe_core::db::id)
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| Failure::retriable(anyhow::Error::from(e)))?,
                 // The database is at least as new as this event: apply what follows.
                 offset: at.offset - 1,
             },
@@ -265,8 +273,8 @@ impl Fanout {
         self.sent += 1;
         self.unacked.add(n);
         tracing::debug!(
-            conversation_id = r.delivery.conversation_id,
-            seq = r.delivery.seq,
+            conversation_id = %r.delivery.conversation_id,
+            seq = ?r.delivery.seq,
             partition = r.partition,
             users,
             "fanout list"
@@ -310,7 +318,7 @@ impl Fanout {
     /// Writes tombstones for presence entries whose gateway stopped renewing them long
     /// ago, so chat.presence does not keep dead gateways' users forever. Several fanout
     /// members may write the same tombstone; that is harmless.
-    fn tombstone(&self, gone: &[(i64, Arc<str>)]) {
+    fn tombstone(&self, gone: &[(UserId, Arc<str>)]) {
         for (user, gateway) in gone {
             let key = chatpipe_schemas::presence::key(*user, gateway);
             let record: BaseRecord<'_, str, [u8], usize> =

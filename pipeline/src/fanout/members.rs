@@ -14,18 +14,18 @@
 use std::collections::HashSet;
 use std::num::NonZeroUsize;
 
-use chatpipe_schemas::ChatEvent;
+use chatpipe_schemas::{ChatEvent, ConversationId, UserId};
 use lru::LruCache;
 
 #[derive(Debug)]
 pub struct Members {
-    conversations: LruCache<i64, Conversation>,
+    conversations: LruCache<ConversationId, Conversation>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Conversation {
     pub partition: i32,
-    pub members: HashSet<i64>,
+    pub members: HashSet<UserId>,
     /// The chat.events offset of the last event applied (-1: none, loaded from
     /// PostgreSQL just before the event at offset + 1).
     pub offset: i64,
@@ -35,10 +35,10 @@ pub struct Conversation {
 #[derive(Debug, PartialEq, Eq)]
 pub enum Change {
     /// The entry of this conversation changed: write it.
-    Wrote(i64),
+    Wrote(ConversationId),
     /// A membership event for a conversation not in memory: the changelog's entry (if
     /// any) is now stale, so tombstone it; the conversation is loaded when needed.
-    Unknown(i64),
+    Unknown(ConversationId),
     /// Nothing to record.
     None,
 }
@@ -53,28 +53,32 @@ impl Members {
     }
 
     /// Whether the members of `conversation` are in memory.
-    pub fn knows(&self, conversation: i64) -> bool {
+    pub fn knows(&self, conversation: ConversationId) -> bool {
         self.conversations.contains(&conversation)
     }
 
     /// The members, without marking the entry as used.
-    pub fn of(&self, conversation: i64) -> Option<&HashSet<i64>> {
+    pub fn of(&self, conversation: ConversationId) -> Option<&HashSet<UserId>> {
         self.conversations.peek(&conversation).map(|c| &c.members)
     }
 
     /// The whole entry (for the changelog).
-    pub fn entry(&self, conversation: i64) -> Option<&Conversation> {
+    pub fn entry(&self, conversation: ConversationId) -> Option<&Conversation> {
         self.conversations.peek(&conversation)
     }
 
     /// Marks the entry as just used (it is the last to be evicted).
-    pub fn touch(&mut self, conversation: i64) {
+    pub fn touch(&mut self, conversation: ConversationId) {
         self.conversations.promote(&conversation);
     }
 
     /// Installs an entry (loaded from PostgreSQL or restored from the changelog).
     /// Returns the conversation evicted to make room, if one was.
-    pub fn load(&mut self, conversation: i64, entry: Conversation) -> Option<i64> {
+    pub fn load(
+        &mut self,
+        conversation: ConversationId,
+        entry: Conversation,
+    ) -> Option<ConversationId> {
         let evicted = self
             .conversations
             .push(conversation, entry)
@@ -126,13 +130,13 @@ impl Members {
 
     /// Forgets one conversation: it is loaded from PostgreSQL when next needed (an event
     /// of it could not be read, so what this store holds may be wrong).
-    pub fn forget(&mut self, conversation: i64) {
+    pub fn forget(&mut self, conversation: ConversationId) {
         self.conversations.pop(&conversation);
     }
 
     /// Forgets the conversations of partitions this member no longer owns.
     pub fn drop_partitions(&mut self, partitions: &[i32]) {
-        let gone: Vec<i64> = self
+        let gone: Vec<ConversationId> = self
             .conversations
             .iter()
             .filter(|(_, c)| partitions.contains(&c.partition))
@@ -155,40 +159,45 @@ impl Members {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use chatpipe_schemas::{ConversationCreated, MemberJoined, MemberLeft};
+    use chatpipe_schemas::{ConversationCreated, MemberJoined, MemberLeft, Watermark};
     use chrono::Utc;
 
     fn created(c: i64) -> ChatEvent {
         ChatEvent::ConversationCreated(ConversationCreated {
-            conversation_id: c,
+            conversation_id: ConversationId::of(c),
             conversation_type: "GROUP".into(),
             title: None,
-            created_by: 1,
+            created_by: UserId::of(1),
             occurred_at: Utc::now(),
         })
     }
 
     fn joined(c: i64, u: i64) -> ChatEvent {
         ChatEvent::MemberJoined(MemberJoined {
-            conversation_id: c,
-            user_id: u,
-            last_read_seq: 0,
-            added_by: 1,
+            conversation_id: ConversationId::of(c),
+            user_id: UserId::of(u),
+            last_read_seq: Watermark::ZERO,
+            added_by: UserId::of(1),
             occurred_at: Utc::now(),
         })
     }
 
     fn left(c: i64, u: i64) -> ChatEvent {
         ChatEvent::MemberLeft(MemberLeft {
-            conversation_id: c,
-            user_id: u,
-            removed_by: u,
+            conversation_id: ConversationId::of(c),
+            user_id: UserId::of(u),
+            removed_by: UserId::of(u),
             occurred_at: Utc::now(),
         })
     }
 
     fn sorted(m: &Members, c: i64) -> Vec<i64> {
-        let mut got: Vec<_> = m.of(c).unwrap().iter().copied().collect();
+        let mut got: Vec<_> = m
+            .of(ConversationId::of(c))
+            .unwrap()
+            .iter()
+            .map(|u| u.get())
+            .collect();
         got.sort();
         got
     }
@@ -204,10 +213,13 @@ mod tests {
             left(7, 2),
         ];
         for (offset, e) in events.iter().enumerate() {
-            assert_eq!(m.apply(0, offset as i64, e), Change::Wrote(7));
+            assert_eq!(
+                m.apply(0, offset as i64, e),
+                Change::Wrote(ConversationId::of(7))
+            );
         }
         assert_eq!(sorted(&m, 7), vec![1, 3]);
-        assert_eq!(m.entry(7).unwrap().offset, 4);
+        assert_eq!(m.entry(ConversationId::of(7)).unwrap().offset, 4);
     }
 
     #[test]
@@ -224,16 +236,19 @@ mod tests {
     #[test]
     fn events_of_an_unknown_conversation_do_not_invent_one() {
         let mut m = Members::new(10);
-        assert_eq!(m.apply(0, 0, &joined(8, 1)), Change::Unknown(8));
+        assert_eq!(
+            m.apply(0, 0, &joined(8, 1)),
+            Change::Unknown(ConversationId::of(8))
+        );
         assert!(
-            !m.knows(8),
+            !m.knows(ConversationId::of(8)),
             "a join without the creation must be loaded, not guessed"
         );
         m.load(
-            8,
+            ConversationId::of(8),
             Conversation {
                 partition: 0,
-                members: [1, 4].into(),
+                members: [UserId::of(1), UserId::of(4)].into(),
                 offset: 0,
             },
         );
@@ -246,9 +261,13 @@ mod tests {
         let mut m = Members::new(2);
         m.apply(0, 0, &created(1));
         m.apply(0, 1, &created(2));
-        m.touch(1);
+        m.touch(ConversationId::of(1));
         m.apply(0, 2, &created(3));
-        assert!(m.knows(1) && !m.knows(2) && m.knows(3));
+        assert!(
+            m.knows(ConversationId::of(1))
+                && !m.knows(ConversationId::of(2))
+                && m.knows(ConversationId::of(3))
+        );
         assert_eq!(m.len(), 2);
     }
 
@@ -258,6 +277,6 @@ mod tests {
         m.apply(0, 0, &created(1));
         m.apply(3, 0, &created(2));
         m.drop_partitions(&[3]);
-        assert!(m.knows(1) && !m.knows(2));
+        assert!(m.knows(ConversationId::of(1)) && !m.knows(ConversationId::of(2)));
     }
 }

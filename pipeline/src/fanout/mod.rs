@@ -32,6 +32,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use chatpipe_schemas::{ConversationId, UserId};
 use rdkafka::consumer::Consumer;
 use rdkafka::producer::ThreadedProducer;
 use rdkafka::Offset;
@@ -75,7 +76,7 @@ impl Status {
     }
 
     /// How many of `users` the processor sees online now.
-    pub fn online_among(&self, users: &[i64]) -> usize {
+    pub fn online_among(&self, users: &[UserId]) -> usize {
         let now = now_ms();
         let online = self.online.lock().expect("presence lock");
         users.iter().filter(|u| online.is_online(**u, now)).count()
@@ -83,7 +84,7 @@ impl Status {
 }
 
 /// The conversation a chat.events or changelog key names (a decimal string).
-pub fn key_conversation(key: Option<&[u8]>) -> Option<i64> {
+pub fn key_conversation(key: Option<&[u8]>) -> Option<ConversationId> {
     std::str::from_utf8(key?).ok()?.parse().ok()
 }
 

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use chatpipe_schemas::delivery::{Delivery, MESSAGE_NEW, READ_UPDATED};
-use chatpipe_schemas::{MessageNew, ReadUpdated};
+use chatpipe_schemas::{ConversationId, MessageNew, ReadUpdated, UserId, Watermark};
 
 use super::online::{Gateway, Online};
 
@@ -18,10 +18,14 @@ pub struct Routed {
 }
 
 /// The fanout lists of one event: (partition, gateway id) -> users.
-type Lists = BTreeMap<(i32, Arc<str>), Vec<i64>>;
+type Lists = BTreeMap<(i32, Arc<str>), Vec<UserId>>;
 
 /// Splits `users` by the gateways holding them now.
-fn by_gateway<'a>(users: impl IntoIterator<Item = &'a i64>, online: &Online, now_ms: i64) -> Lists {
+fn by_gateway<'a>(
+    users: impl IntoIterator<Item = &'a UserId>,
+    online: &Online,
+    now_ms: i64,
+) -> Lists {
     let mut lists = Lists::new();
     for user in users {
         for Gateway { id, partition } in online.gateways(*user, now_ms) {
@@ -55,7 +59,7 @@ fn route(lists: Lists, template: &Delivery) -> Vec<Routed> {
 /// `light_threshold` members the list carries only `{conversationId, seq}`.
 pub fn message_new(
     e: &MessageNew,
-    members: &HashSet<i64>,
+    members: &HashSet<UserId>,
     online: &Online,
     now_ms: i64,
     light_threshold: usize,
@@ -81,7 +85,7 @@ pub fn message_new(
 /// member (the reader's other devices, and the others' "Read" marks).
 pub fn read_updated(
     e: &ReadUpdated,
-    members: &HashSet<i64>,
+    members: &HashSet<UserId>,
     online: &Online,
     now_ms: i64,
 ) -> Vec<Routed> {
@@ -115,7 +119,7 @@ fn read_template(e: &ReadUpdated) -> Delivery {
 /// tells clients showing "read by N" to refresh it.
 #[derive(Debug, Default)]
 pub struct Coalescer {
-    pending: HashMap<i64, (i64, i64)>,
+    pending: HashMap<ConversationId, (Watermark, i64)>,
 }
 
 impl Coalescer {
@@ -140,7 +144,7 @@ impl Coalescer {
     /// conversation (`members_of` answers for the conversations still known).
     pub fn drain<'m>(
         &mut self,
-        members_of: impl Fn(i64) -> Option<&'m HashSet<i64>>,
+        members_of: impl Fn(ConversationId) -> Option<&'m HashSet<UserId>>,
         online: &Online,
         now_ms: i64,
     ) -> Vec<Routed> {
@@ -171,13 +175,22 @@ impl Coalescer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use chatpipe_schemas::Seq;
     use chrono::Utc;
+
+    fn users(ids: impl IntoIterator<Item = i64>) -> HashSet<UserId> {
+        ids.into_iter().map(UserId::of).collect()
+    }
+
+    fn ids(users: &[UserId]) -> Vec<i64> {
+        users.iter().map(|u| u.get()).collect()
+    }
 
     fn online(users: &[(i64, &str, i32)]) -> Online {
         let mut o = Online::default();
         for (u, g, p) in users {
             o.upsert(
-                *u,
+                UserId::of(*u),
                 Gateway {
                     id: Arc::from(*g),
                     partition: *p,
@@ -190,9 +203,9 @@ mod tests {
 
     fn message(conversation: i64, seq: i64) -> MessageNew {
         MessageNew {
-            conversation_id: conversation,
-            seq,
-            sender_id: 1,
+            conversation_id: ConversationId::of(conversation),
+            seq: Seq::of(seq),
+            sender_id: UserId::of(1),
             client_msg_id: uuid::Uuid::new_v4(),
             body: "hello".into(),
             created_at: Utc::now(),
@@ -201,18 +214,18 @@ mod tests {
 
     #[test]
     fn lists_are_per_gateway_and_hold_only_online_members() {
-        let members: HashSet<i64> = [1, 2, 3, 4].into();
+        let members = users([1, 2, 3, 4]);
         // 5 is online but no member; 4 is a member but offline.
         let o = online(&[(1, "a", 0), (2, "b", 1), (3, "a", 0), (5, "a", 0)]);
         let routed = message_new(&message(9, 3), &members, &o, 0, 200);
         assert_eq!(routed.len(), 2);
         assert_eq!(
-            (routed[0].partition, &routed[0].delivery.user_ids),
-            (0, &vec![1, 3])
+            (routed[0].partition, ids(&routed[0].delivery.user_ids)),
+            (0, vec![1, 3])
         );
         assert_eq!(
-            (routed[1].partition, &routed[1].delivery.user_ids),
-            (1, &vec![2])
+            (routed[1].partition, ids(&routed[1].delivery.user_ids)),
+            (1, vec![2])
         );
         assert_eq!(routed[0].delivery.gateway_id, "a");
         assert_eq!(routed[0].delivery.body.as_deref(), Some("hello"));
@@ -221,24 +234,27 @@ mod tests {
 
     #[test]
     fn above_the_threshold_the_payload_is_light() {
-        let members: HashSet<i64> = (1..=201).collect();
+        let members = users(1..=201);
         let o = online(&[(7, "a", 0)]);
         let routed = message_new(&message(9, 3), &members, &o, 0, 200);
         let d = &routed[0].delivery;
         assert!(d.light && d.body.is_none() && d.sender_id.is_none());
-        assert_eq!((d.conversation_id, d.seq), (9, Some(3)));
+        assert_eq!(
+            (d.conversation_id, d.seq),
+            (ConversationId::of(9), Some(Seq::of(3)))
+        );
     }
 
     #[test]
     fn reads_in_a_large_group_coalesce_to_the_highest_per_conversation() {
-        let members: HashSet<i64> = (1..=300).collect();
+        let members = users(1..=300);
         let o = online(&[(1, "a", 0), (2, "a", 0)]);
         let mut c = Coalescer::default();
         for (user, seq) in [(1, 5), (2, 9), (3, 7)] {
             c.add(&ReadUpdated {
-                conversation_id: 4,
-                user_id: user,
-                last_read_seq: seq,
+                conversation_id: ConversationId::of(4),
+                user_id: UserId::of(user),
+                last_read_seq: Watermark::of(seq),
                 occurred_at: Utc::now(),
             });
         }
@@ -246,8 +262,11 @@ mod tests {
         let routed = c.drain(|_| Some(&members), &o, 0);
         assert_eq!(routed.len(), 1);
         let d = &routed[0].delivery;
-        assert_eq!((d.light, d.last_read_seq, d.user_id), (true, Some(9), None));
-        assert_eq!(d.user_ids, vec![1, 2]);
+        assert_eq!(
+            (d.light, d.last_read_seq, d.user_id),
+            (true, Some(Watermark::of(9)), None)
+        );
+        assert_eq!(ids(&d.user_ids), vec![1, 2]);
         assert!(c.is_empty());
     }
 }

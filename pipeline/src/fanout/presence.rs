@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use chatpipe_schemas::presence::{parse_key, Presence};
+use chatpipe_schemas::UserId;
 use rdkafka::Message;
 
 use super::online::Gateway;
@@ -17,7 +18,7 @@ use crate::runtime::{Decode, Failure, Position, Processor, WriterSchemas};
 
 /// One chat.presence record: a user's sessions on one gateway, or a tombstone.
 pub struct PresenceRecord {
-    pub user: i64,
+    pub user: UserId,
     pub gateway: String,
     /// `None`: a tombstone (the user left that gateway).
     pub presence: Option<Presence>,

@@ -8,14 +8,15 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use chatpipe_schemas::{ConversationId, Seq, UserId};
 use tokio::time::Instant;
 
-/// (conversation id, user id)
-pub type MemberKey = (i64, i64);
+/// A member of a conversation.
+pub type MemberKey = (ConversationId, UserId);
 
 #[derive(Debug, Default)]
 struct PartitionWindow {
-    max_seq: HashMap<MemberKey, i64>,
+    max_seq: HashMap<MemberKey, Seq>,
     /// The offset after the last record taken in: what to commit after the flush.
     next_offset: Option<i64>,
 }
@@ -34,7 +35,7 @@ pub struct Window {
 #[derive(Debug, Default, PartialEq)]
 pub struct Batch {
     /// Sorted by key, so concurrent flushes lock member rows in one order.
-    pub watermarks: Vec<(MemberKey, i64)>,
+    pub watermarks: Vec<(MemberKey, Seq)>,
     /// partition -> offset to commit after the database commit.
     pub offsets: Vec<(i32, i64)>,
     /// Receipts that collapsed into `watermarks`.
@@ -48,7 +49,7 @@ impl Batch {
 
     /// Folds `other` in: the higher seq per key, the higher offset per partition.
     pub fn merge(&mut self, other: Batch) {
-        let mut watermarks: HashMap<MemberKey, i64> = self.watermarks.drain(..).collect();
+        let mut watermarks: HashMap<MemberKey, Seq> = self.watermarks.drain(..).collect();
         for (key, seq) in other.watermarks {
             let e = watermarks.entry(key).or_insert(seq);
             *e = (*e).max(seq);
@@ -79,7 +80,7 @@ impl Window {
     }
 
     /// Takes in one receipt read at `offset` of `partition`.
-    pub fn add(&mut self, partition: i32, offset: i64, key: MemberKey, seq: i64, now: Instant) {
+    pub fn add(&mut self, partition: i32, offset: i64, key: MemberKey, seq: Seq, now: Instant) {
         let p = self.partitions.entry(partition).or_default();
         match p.max_seq.get_mut(&key) {
             Some(max) => *max = (*max).max(seq),
@@ -153,20 +154,48 @@ impl Window {
 mod tests {
     use super::*;
 
+    /// Adds a receipt given as plain numbers.
+    fn add(
+        w: &mut Window,
+        partition: i32,
+        offset: i64,
+        (c, u): (i64, i64),
+        seq: i64,
+        now: Instant,
+    ) {
+        let key = (ConversationId::of(c), UserId::of(u));
+        w.add(partition, offset, key, Seq::of(seq), now);
+    }
+
+    /// Watermarks given as plain numbers.
+    fn typed(marks: &[((i64, i64), i64)]) -> Vec<(MemberKey, Seq)> {
+        let key = |c, u| (ConversationId::of(c), UserId::of(u));
+        marks
+            .iter()
+            .map(|&((c, u), s)| (key(c, u), Seq::of(s)))
+            .collect()
+    }
+
+    /// A batch's watermarks as plain numbers.
+    fn marks(batch: &Batch) -> Vec<((i64, i64), i64)> {
+        let raw = |((c, u), s): &(MemberKey, Seq)| ((c.get(), u.get()), s.get());
+        batch.watermarks.iter().map(raw).collect()
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_window_is_due_one_debounce_after_its_first_receipt() {
         let mut w = Window::new(Duration::from_secs(1), 1000);
         assert!(!w.due(Instant::now()), "an empty window is never due");
-        w.add(0, 10, (7, 20), 5, Instant::now());
+        add(&mut w, 0, 10, (7, 20), 5, Instant::now());
         tokio::time::advance(Duration::from_millis(600)).await;
-        w.add(0, 11, (7, 20), 9, Instant::now()); // later receipts do not extend the window
+        add(&mut w, 0, 11, (7, 20), 9, Instant::now()); // later receipts do not extend the window
         tokio::time::advance(Duration::from_millis(399)).await;
         assert!(!w.due(Instant::now()));
         tokio::time::advance(Duration::from_millis(1)).await;
         assert!(w.due(Instant::now()));
 
         let batch = w.take_all();
-        assert_eq!(batch.watermarks, vec![((7, 20), 9)]);
+        assert_eq!(marks(&batch), vec![((7, 20), 9)]);
         assert_eq!(batch.offsets, vec![(0, 12)]);
         assert_eq!(batch.receipts, 2);
         assert!(!w.due(Instant::now()), "taking closes the window");
@@ -178,13 +207,13 @@ mod tests {
         let mut w = Window::new(Duration::from_secs(1), 1000);
         let now = Instant::now();
         for (i, seq) in [50, 45, 3, 50, 49].into_iter().enumerate() {
-            w.add(1, i as i64, (7, 20), seq, now);
+            add(&mut w, 1, i as i64, (7, 20), seq, now);
         }
-        w.add(1, 5, (7, 30), 2, now);
-        w.add(2, 0, (8, 20), 4, now);
+        add(&mut w, 1, 5, (7, 30), 2, now);
+        add(&mut w, 2, 0, (8, 20), 4, now);
         let batch = w.take_all();
         assert_eq!(
-            batch.watermarks,
+            marks(&batch),
             vec![((7, 20), 50), ((7, 30), 2), ((8, 20), 4)]
         );
         assert_eq!(batch.offsets, vec![(1, 6), (2, 1)]);
@@ -195,27 +224,27 @@ mod tests {
     async fn a_full_batch_is_due_before_the_window_closes() {
         let mut w = Window::new(Duration::from_secs(1), 3);
         let now = Instant::now();
-        w.add(0, 0, (1, 1), 1, now);
-        w.add(0, 1, (1, 1), 2, now);
-        w.add(0, 2, (1, 2), 1, now);
+        add(&mut w, 0, 0, (1, 1), 1, now);
+        add(&mut w, 0, 1, (1, 1), 2, now);
+        add(&mut w, 0, 2, (1, 2), 1, now);
         assert!(!w.due(now), "two distinct keys");
-        w.add(0, 3, (1, 3), 1, now);
+        add(&mut w, 0, 3, (1, 3), 1, now);
         assert!(w.due(now), "three distinct keys fill the batch");
     }
 
     #[test]
     fn merged_batches_keep_the_highest_seq_and_offset() {
         let mut a = Batch {
-            watermarks: vec![((1, 1), 5), ((1, 2), 9)],
+            watermarks: typed(&[((1, 1), 5), ((1, 2), 9)]),
             offsets: vec![(0, 10)],
             receipts: 3,
         };
         a.merge(Batch {
-            watermarks: vec![((1, 1), 7), ((2, 1), 1)],
+            watermarks: typed(&[((1, 1), 7), ((2, 1), 1)]),
             offsets: vec![(0, 8), (1, 4)],
             receipts: 2,
         });
-        assert_eq!(a.watermarks, vec![((1, 1), 7), ((1, 2), 9), ((2, 1), 1)]);
+        assert_eq!(marks(&a), vec![((1, 1), 7), ((1, 2), 9), ((2, 1), 1)]);
         assert_eq!(a.offsets, vec![(0, 10), (1, 4)]);
         assert_eq!(a.receipts, 5);
     }
@@ -224,11 +253,11 @@ mod tests {
     async fn revoked_partitions_are_taken_alone() {
         let mut w = Window::new(Duration::from_secs(1), 100);
         let now = Instant::now();
-        w.add(0, 0, (1, 1), 5, now);
-        w.add(1, 0, (2, 1), 6, now);
+        add(&mut w, 0, 0, (1, 1), 5, now);
+        add(&mut w, 1, 0, (2, 1), 6, now);
         w.skip(1, 1, now);
         let revoked = w.take(&[1]);
-        assert_eq!(revoked.watermarks, vec![((2, 1), 6)]);
+        assert_eq!(marks(&revoked), vec![((2, 1), 6)]);
         assert_eq!(
             revoked.offsets,
             vec![(1, 2)],
@@ -236,6 +265,6 @@ mod tests {
         );
         assert_eq!(w.distinct_keys(), 1);
         assert!(w.deadline().is_some(), "partition 0's window stays open");
-        assert_eq!(w.take_all().watermarks, vec![((1, 1), 5)]);
+        assert_eq!(marks(&w.take_all()), vec![((1, 1), 5)]);
     }
 }
