@@ -29,6 +29,9 @@ enum Command {
     Receipts,
     /// Run the fanout processor: chat.events + members + presence -> chat.deliveries.
     Fanout,
+    /// Run the auditor: chat.events, PostgreSQL, Connect and the services' /readyz ->
+    /// alarms on /metrics and a report on GET /report.
+    Audit,
     /// Print a topic's records, decoded, as JSON lines on stdout.
     Tail(pipeline::tail::TailArgs),
 }
@@ -38,20 +41,30 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     chatpipe_core::telemetry::init_logging();
     let settings = Settings::load(cli.config.as_deref()).context("loading configuration")?;
-    let spawn: fn(&Settings, &mut Supervisor, &Readiness) = match cli.command {
+    let readiness = Readiness::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut supervisor = Supervisor::new(stop.clone());
+    let extra_routes = match cli.command {
         Command::Tail(args) => {
             return pipeline::tail::run(&settings, args, &mut std::io::stdout().lock()).await
         }
-        Command::Receipts => pipeline::receipts::spawn,
-        Command::Fanout => |s, sup, r| pipeline::fanout::spawn(s, sup, r, Arc::default()),
+        Command::Receipts => {
+            pipeline::receipts::spawn(&settings, &mut supervisor, &readiness);
+            axum::Router::new()
+        }
+        Command::Fanout => {
+            pipeline::fanout::spawn(&settings, &mut supervisor, &readiness, Arc::default());
+            axum::Router::new()
+        }
+        Command::Audit => {
+            let audit = pipeline::audit::Audit::new(&settings);
+            pipeline::audit::spawn(&settings, &mut supervisor, &readiness, audit.clone());
+            pipeline::audit::report::router(audit)
+        }
     };
-    let readiness = Readiness::default();
-    pipeline::runtime::http::serve(&settings.http.metrics_addr, readiness.clone())
+    pipeline::runtime::http::serve_with(&settings.http.metrics_addr, readiness, extra_routes)
         .await
         .context("serving http.metrics_addr")?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut supervisor = Supervisor::new(stop.clone());
-    spawn(&settings, &mut supervisor, &readiness);
     tokio::spawn(async move {
         shutdown_signal().await;
         tracing::info!("stopping: finishing open work, committing, leaving the group");

@@ -20,6 +20,7 @@ pub struct Settings {
     pub outbox: OutboxSettings,
     pub receipts: ReceiptsSettings,
     pub fanout: FanoutSettings,
+    pub audit: AuditSettings,
     pub http: HttpSettings,
     pub fault: FaultSettings,
     pub readers: crate::runtime::ReaderSettings,
@@ -59,6 +60,32 @@ pub struct FanoutSettings {
     pub produce_queue_max: usize,
     pub changelog_topic: String,
     pub max_cached_conversations: usize,
+}
+
+/// `pipeline audit`: see `[audit]` in config/pipeline.toml.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditSettings {
+    pub events_topic: String,
+    pub group: String,
+    pub max_poll_ms: u64,
+    pub check_interval_ms: u64,
+    pub max_tracked_conversations: usize,
+    pub max_tracked_members: usize,
+    pub cdc_sample: usize,
+    pub cdc_lag_alert_ms: u64,
+    pub connect_url: String,
+    pub connector: String,
+    pub connector_alert_ms: u64,
+    pub slot: String,
+    pub slot_inactive_alert_ms: u64,
+    pub slot_retained_wal_alert_bytes: i64,
+    pub probes: Vec<String>,
+    pub probe_timeout_ms: u64,
+    pub probe_alert_ms: u64,
+    pub dead_letter_topics: Vec<String>,
+    pub event_alarm_ms: u64,
+    pub recent: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]

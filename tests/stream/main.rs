@@ -1,5 +1,6 @@
 //! The outbox through Debezium to chat.events, against the real stack
 //! (`scripts/stack up`): PostgreSQL, Kafka, Kafka Connect with Debezium, the registry.
 
+mod audit;
 mod cdc;
 mod receipts;

@@ -6,6 +6,7 @@
 //! which is what `scripts/stack up` starts. If it cannot be reached, the test fails and
 //! says so: nothing here skips.
 
+pub mod audit;
 pub mod bench;
 pub mod push;
 pub mod stream;

@@ -49,11 +49,16 @@ pub fn readyz(readiness: &Readiness) -> axum::response::Response {
 
 /// Serves [`router`] on `addr` in the background.
 pub async fn serve(addr: &str, readiness: Readiness) -> anyhow::Result<()> {
+    serve_with(addr, readiness, Router::new()).await
+}
+
+/// Serves [`router`] and the routes of `extra` (`/report` of the auditor) on `addr`.
+pub async fn serve_with(addr: &str, readiness: Readiness, extra: Router) -> anyhow::Result<()> {
     use anyhow::Context;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding {addr}"))?;
-    let app = router(readiness);
+    let app = router(readiness).merge(extra);
     tokio::spawn(async move { axum::serve(listener, app).await });
     Ok(())
 }

@@ -1,0 +1,461 @@
+//! The auditor's periodic checks of what `chat.events` cannot show by itself.
+//!
+//! - **CDC behind**: the `last_seq` in PostgreSQL of the conversations the auditor
+//!   streamed most recently (`audit.cdc_sample`, primary-key lookups) and the newest
+//!   conversation id, against what reached `chat.events`. Each commit seen ahead is
+//!   remembered with the time it was first seen; `cdc_stalled` fires when one is still
+//!   not on the topic `audit.cdc_lag_alert_ms` later. Only while the auditor itself is
+//!   caught up with the topic (otherwise its own lag would look like CDC's).
+//! - **The replication slot**: active, and the WAL it retains.
+//! - **The connector**: its state and its tasks', from the Connect REST API.
+//! - **Probes**: the services' `/readyz` (a gateway whose reader stalled answers 503).
+//! - **Dead letters**: the end offsets of the `.dlq` topics; growth is an event alarm.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chatpipe_core::db;
+use chatpipe_schemas::{ConversationId, Seq};
+use chrono::{DateTime, Utc};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use tokio::time::Instant;
+
+use super::{alarm, Audit};
+use crate::runtime::ReaderHealth;
+use crate::settings::{AuditSettings, Settings};
+
+/// The latest results, for `/report`.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Latest {
+    pub checked_at: Option<DateTime<Utc>>,
+    pub cdc: Cdc,
+    /// `None`: PostgreSQL did not answer (see `postgres_unreachable`).
+    pub slot: Option<Slot>,
+    pub connector: Option<Connector>,
+    pub probes: Vec<Probe>,
+    /// End offset (records ever written) of each dead-letter topic.
+    pub dead_letters: BTreeMap<String, i64>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Cdc {
+    /// The auditor has read `chat.events` to its end (its own lag is 0).
+    pub caught_up: bool,
+    pub auditor_lag: i64,
+    /// Conversations compared with PostgreSQL in the last check.
+    pub sampled: usize,
+    /// Commits seen in PostgreSQL and not yet on `chat.events`.
+    pub unstreamed: usize,
+    pub oldest_unstreamed_ms: u64,
+    pub newest_conversation_in_postgres: Option<i64>,
+    pub newest_conversation_streamed: Option<ConversationId>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Slot {
+    pub name: String,
+    /// `false` also when the slot does not exist.
+    pub exists: bool,
+    pub active: bool,
+    pub retained_wal_bytes: i64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Connector {
+    pub name: String,
+    /// The connector and every task RUNNING.
+    pub running: bool,
+    /// The connector's state and each task's, or why Connect did not say.
+    pub state: String,
+    pub tasks: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Probe {
+    pub url: String,
+    pub ok: bool,
+    /// The HTTP status, or the error.
+    pub answer: String,
+    pub failing_ms: u64,
+}
+
+/// The Connect REST answer of `GET /connectors/{name}/status`, the parts we read.
+#[derive(Deserialize)]
+struct ConnectStatus {
+    connector: ConnectState,
+    #[serde(default)]
+    tasks: Vec<ConnectState>,
+}
+
+#[derive(Deserialize)]
+struct ConnectState {
+    state: String,
+}
+
+pub struct Checker {
+    cfg: AuditSettings,
+    audit: Audit,
+    health: Arc<ReaderHealth>,
+    pool: PgPool,
+    http: reqwest::Client,
+    kafka: Arc<BaseConsumer>,
+    /// Commits seen in PostgreSQL ahead of the topic: the seq and when first seen.
+    unstreamed: HashMap<ConversationId, (i64, Instant)>,
+    newest_unstreamed: Option<(i64, Instant)>,
+    probe_failing_since: HashMap<String, Instant>,
+    dead_letter_ends: HashMap<String, i64>,
+}
+
+impl Checker {
+    pub fn new(settings: &Settings, audit: Audit, health: Arc<ReaderHealth>) -> Self {
+        let db = &settings.database;
+        // Lazy: PostgreSQL being down at start is a finding, not a reason to exit.
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(db.max_connections)
+            .acquire_timeout(Duration::from_millis(db.acquire_timeout_ms))
+            .connect_lazy(&db.url)
+            .expect("database.url is a PostgreSQL URL");
+        let kafka = chatpipe_core::kafka::client_config(&settings.kafka.brokers)
+            .create()
+            .expect("a Kafka client (kafka.brokers)");
+        Self {
+            cfg: settings.audit.clone(),
+            audit,
+            health,
+            pool,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_millis(settings.audit.probe_timeout_ms))
+                .build()
+                .expect("an HTTP client"),
+            kafka: Arc::new(kafka),
+            unstreamed: HashMap::new(),
+            newest_unstreamed: None,
+            probe_failing_since: HashMap::new(),
+            dead_letter_ends: HashMap::new(),
+        }
+    }
+
+    /// Checks every `audit.check_interval_ms` until `stop` is set.
+    pub async fn run(mut self, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
+        let every = Duration::from_millis(self.cfg.check_interval_ms);
+        let mut next = Instant::now();
+        while !stop.load(Ordering::Relaxed) {
+            if Instant::now() >= next {
+                self.check().await;
+                next = Instant::now() + every;
+            }
+            tokio::time::sleep(Duration::from_millis(100).min(every)).await;
+        }
+        Ok(())
+    }
+
+    /// One round of every check; updates the alarms and the latest results.
+    pub async fn check(&mut self) {
+        let now = Instant::now();
+        let cdc = self.cdc(now).await;
+        let slot = self.slot().await;
+        let connector = self.connector().await;
+        let probes = self.probes(now).await;
+        let dead_letters = self.dead_letters().await;
+
+        let cfg = &self.cfg;
+        let mut state = self.audit.state();
+        let alarms = &mut state.alarms;
+        let pg_error = match (&cdc, &slot) {
+            (Err(e), _) | (_, Err(e)) => Some(e.to_string()),
+            _ => None,
+        };
+        alarms.condition(
+            alarm::POSTGRES_UNREACHABLE,
+            pg_error.is_some(),
+            Duration::from_millis(cfg.slot_inactive_alert_ms),
+            pg_error.unwrap_or_default(),
+            now,
+        );
+        let cdc = cdc.unwrap_or_default();
+        let lag_alert = Duration::from_millis(cfg.cdc_lag_alert_ms);
+        alarms.condition(
+            alarm::CDC_STALLED,
+            cdc.caught_up && Duration::from_millis(cdc.oldest_unstreamed_ms) >= lag_alert,
+            Duration::ZERO,
+            format!(
+                "{} commits in PostgreSQL not on chat.events, the oldest seen {} ms ago",
+                cdc.unstreamed, cdc.oldest_unstreamed_ms
+            ),
+            now,
+        );
+        metrics::gauge!("audit_cdc_unstreamed").set(cdc.unstreamed as f64);
+        metrics::gauge!("audit_cdc_oldest_unstreamed_seconds")
+            .set(cdc.oldest_unstreamed_ms as f64 / 1e3);
+
+        let slot = slot.ok();
+        if let Some(s) = &slot {
+            alarms.condition(
+                alarm::SLOT_INACTIVE,
+                !s.active,
+                Duration::from_millis(cfg.slot_inactive_alert_ms),
+                if s.exists {
+                    format!("replication slot {} has no client", s.name)
+                } else {
+                    format!("replication slot {} does not exist", s.name)
+                },
+                now,
+            );
+            alarms.condition(
+                alarm::SLOT_WAL_RETAINED,
+                s.retained_wal_bytes > cfg.slot_retained_wal_alert_bytes,
+                Duration::ZERO,
+                format!(
+                    "replication slot {} retains {} bytes of WAL",
+                    s.name, s.retained_wal_bytes
+                ),
+                now,
+            );
+            metrics::gauge!("audit_slot_active").set(if s.active { 1.0 } else { 0.0 });
+            metrics::gauge!("audit_slot_retained_wal_bytes").set(s.retained_wal_bytes as f64);
+        }
+
+        alarms.condition(
+            alarm::CONNECTOR_NOT_RUNNING,
+            !connector.running,
+            Duration::from_millis(cfg.connector_alert_ms),
+            format!(
+                "connector {}: {} (tasks: {})",
+                connector.name,
+                connector.state,
+                connector.tasks.join(", ")
+            ),
+            now,
+        );
+        metrics::gauge!("audit_connector_running").set(if connector.running { 1.0 } else { 0.0 });
+
+        let probe_alert = Duration::from_millis(cfg.probe_alert_ms);
+        let failing: Vec<String> = probes
+            .iter()
+            .filter(|p| Duration::from_millis(p.failing_ms) >= probe_alert)
+            .map(|p| format!("{}: {}", p.url, p.answer))
+            .collect();
+        alarms.condition(
+            alarm::PROBE_FAILING,
+            !failing.is_empty(),
+            Duration::ZERO,
+            failing.join("; "),
+            now,
+        );
+
+        for (topic, end) in &dead_letters {
+            metrics::gauge!("audit_dead_letters", "topic" => topic.clone()).set(*end as f64);
+            match self.dead_letter_ends.insert(topic.clone(), *end) {
+                Some(before) if *end > before => alarms.event(
+                    alarm::DEAD_LETTERS,
+                    format!("{topic}: {} new ({end} in all)", end - before),
+                    now,
+                ),
+                _ => {}
+            }
+        }
+        let event_alarm = Duration::from_millis(cfg.event_alarm_ms);
+        alarms.expire(event_alarm, now);
+
+        state.checks = Latest {
+            checked_at: Some(Utc::now()),
+            cdc,
+            slot,
+            connector: Some(connector),
+            probes,
+            dead_letters,
+        };
+    }
+
+    async fn cdc(&mut self, now: Instant) -> Result<Cdc, sqlx::Error> {
+        let (sample, newest_streamed) = {
+            let state = self.audit.state();
+            (
+                state.ledger.recent(self.cfg.cdc_sample),
+                state.ledger.newest_created(),
+            )
+        };
+        let ids: Vec<i64> = sample.iter().map(|(c, _)| c.get()).collect();
+        let in_postgres: Vec<(i64, i64)> =
+            sqlx::query_as("SELECT id, last_seq FROM conversation WHERE id = ANY($1)")
+                .bind(&ids)
+                .fetch_all(&self.pool)
+                .await?;
+        let newest_in_postgres: Option<i64> =
+            sqlx::query_scalar("SELECT max(id) FROM conversation")
+                .fetch_one(&self.pool)
+                .await?;
+
+        let streamed: HashMap<ConversationId, Seq> = sample.iter().copied().collect();
+        for (id, last_seq) in in_postgres {
+            let conversation: ConversationId = db::id(id)?;
+            let on_topic = streamed.get(&conversation).map_or(0, |s| s.get());
+            if last_seq > on_topic {
+                self.unstreamed
+                    .entry(conversation)
+                    .or_insert((last_seq, now));
+            }
+        }
+        {
+            let state = self.audit.state();
+            self.unstreamed
+                .retain(|c, (seq, _)| state.ledger.last_seq(*c).is_none_or(|s| s.get() < *seq));
+        }
+        let streamed_newest = newest_streamed.map_or(0, |c| c.get());
+        match newest_in_postgres {
+            Some(pg) if pg > streamed_newest => {
+                self.newest_unstreamed.get_or_insert((pg, now));
+            }
+            _ => {}
+        }
+        if self
+            .newest_unstreamed
+            .is_some_and(|(target, _)| streamed_newest >= target)
+        {
+            self.newest_unstreamed = None;
+        }
+        let oldest = self
+            .unstreamed
+            .values()
+            .map(|(_, t)| *t)
+            .chain(self.newest_unstreamed.map(|(_, t)| t))
+            .min()
+            .map_or(0, |t| now.duration_since(t).as_millis() as u64);
+        let auditor_lag = self.health.report().lag;
+        Ok(Cdc {
+            caught_up: auditor_lag == 0,
+            auditor_lag,
+            sampled: ids.len(),
+            unstreamed: self.unstreamed.len() + usize::from(self.newest_unstreamed.is_some()),
+            oldest_unstreamed_ms: oldest,
+            newest_conversation_in_postgres: newest_in_postgres,
+            newest_conversation_streamed: newest_streamed,
+        })
+    }
+
+    async fn slot(&self) -> Result<Slot, sqlx::Error> {
+        let row: Option<(bool, i64)> = sqlx::query_as(
+            "SELECT active, coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), 0)::bigint
+               FROM pg_replication_slots WHERE slot_name = $1",
+        )
+        .bind(&self.cfg.slot)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(match row {
+            Some((active, retained)) => Slot {
+                name: self.cfg.slot.clone(),
+                exists: true,
+                active,
+                retained_wal_bytes: retained,
+            },
+            None => Slot {
+                name: self.cfg.slot.clone(),
+                exists: false,
+                active: false,
+                retained_wal_bytes: 0,
+            },
+        })
+    }
+
+    async fn connector(&self) -> Connector {
+        let url = format!(
+            "{}/connectors/{}/status",
+            self.cfg.connect_url.trim_end_matches('/'),
+            self.cfg.connector
+        );
+        let not_running = |state: String| Connector {
+            name: self.cfg.connector.clone(),
+            running: false,
+            state,
+            tasks: Vec::new(),
+        };
+        let response = match self.http.get(&url).send().await {
+            Ok(r) => r,
+            Err(e) => return not_running(format!("Connect did not answer: {e}")),
+        };
+        if !response.status().is_success() {
+            return not_running(format!("Connect answered {}", response.status()));
+        }
+        match response.json::<ConnectStatus>().await {
+            Ok(s) => {
+                let tasks: Vec<String> = s.tasks.into_iter().map(|t| t.state).collect();
+                Connector {
+                    name: self.cfg.connector.clone(),
+                    running: s.connector.state == "RUNNING"
+                        && !tasks.is_empty()
+                        && tasks.iter().all(|t| t == "RUNNING"),
+                    state: s.connector.state,
+                    tasks,
+                }
+            }
+            Err(e) => not_running(format!("unreadable status: {e}")),
+        }
+    }
+
+    async fn probes(&mut self, now: Instant) -> Vec<Probe> {
+        let mut out = Vec::new();
+        for url in self.cfg.probes.clone() {
+            let answer = match self.http.get(&url).send().await {
+                Ok(r) if r.status().is_success() => Ok(r.status().to_string()),
+                Ok(r) => Err(r.status().to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            let ok = answer.is_ok();
+            metrics::gauge!("audit_probe_ok", "target" => url.clone()).set(if ok {
+                1.0
+            } else {
+                0.0
+            });
+            let failing_ms = if ok {
+                self.probe_failing_since.remove(&url);
+                0
+            } else {
+                let since = *self.probe_failing_since.entry(url.clone()).or_insert(now);
+                now.duration_since(since).as_millis() as u64
+            };
+            out.push(Probe {
+                url,
+                ok,
+                answer: answer.unwrap_or_else(|e| e),
+                failing_ms,
+            });
+        }
+        out
+    }
+
+    /// End offsets of the dead-letter topics that exist.
+    async fn dead_letters(&self) -> BTreeMap<String, i64> {
+        let (kafka, topics) = (self.kafka.clone(), self.cfg.dead_letter_topics.clone());
+        tokio::task::spawn_blocking(move || {
+            let timeout = Duration::from_secs(5);
+            let mut ends = BTreeMap::new();
+            for topic in topics {
+                let Ok(metadata) = kafka.fetch_metadata(Some(&topic), timeout) else {
+                    continue;
+                };
+                let Some(t) = metadata.topics().first().filter(|t| t.error().is_none()) else {
+                    continue;
+                };
+                let mut end = 0;
+                for p in t.partitions() {
+                    if let Ok((_, high)) = kafka.fetch_watermarks(&topic, p.id(), timeout) {
+                        end += high;
+                    }
+                }
+                ends.insert(topic, end);
+            }
+            ends
+        })
+        .await
+        .unwrap_or_default()
+    }
+}

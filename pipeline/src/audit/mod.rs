@@ -1,0 +1,273 @@
+//! `pipeline audit`: the check an operator runs in production that nothing was lost.
+//!
+//! Two tasks share one [`State`]:
+//! - the **events reader** (group `audit.group`, on the processor runtime) reads
+//!   `chat.events` into the [`ledger::Ledger`]: seq gaps and duplicates per
+//!   conversation, `read.updated` moving backwards, and how long each message took from
+//!   its COMMIT to the topic (`audit_commit_to_topic_seconds`, from the record's
+//!   timestamp);
+//! - the **checker** ([`checks`]) looks every `audit.check_interval_ms` at what the
+//!   stream cannot show: PostgreSQL ahead of `chat.events` (CDC stalled), the
+//!   replication slot, the connector and its tasks on the Connect REST API, the
+//!   services' `/readyz`, and the dead-letter topics.
+//!
+//! Findings become [`alarms`] (the `audit_alarm{alarm}` gauges) and `GET /report`
+//! (JSON, [`report`]), next to `/metrics`, `/healthz` and `/readyz`.
+
+pub mod alarms;
+pub mod checks;
+pub mod ledger;
+pub mod report;
+
+use std::collections::VecDeque;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use chatpipe_schemas::ChatEvent;
+use rdkafka::Message;
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::runtime::{
+    reader_runtime, Decode, Failure, Position, Processor, ReaderHealth, ReaderSpec, Readiness,
+    Supervisor, WriterSchemas,
+};
+use crate::settings::Settings;
+use alarms::Alarms;
+use ledger::{Finding, Gap, Ledger, Regression};
+
+/// Alarm names (the `alarm` label of `audit_alarm`).
+pub mod alarm {
+    pub const SEQ_GAP: &str = "seq_gap";
+    pub const READ_REGRESSION: &str = "read_regression";
+    pub const CDC_STALLED: &str = "cdc_stalled";
+    pub const CONNECTOR_NOT_RUNNING: &str = "connector_not_running";
+    pub const SLOT_INACTIVE: &str = "slot_inactive";
+    pub const SLOT_WAL_RETAINED: &str = "slot_wal_retained";
+    pub const POSTGRES_UNREACHABLE: &str = "postgres_unreachable";
+    pub const PROBE_FAILING: &str = "probe_failing";
+    pub const DEAD_LETTERS: &str = "dead_letters";
+}
+
+/// What the events reader has counted since the auditor started.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Counts {
+    pub events: u64,
+    pub messages: u64,
+    pub gaps: u64,
+    /// Seqs inside those gaps.
+    pub missing_seqs: u64,
+    pub duplicates: u64,
+    pub regressions: u64,
+    /// Conversations whose record started past seq 1 (before the auditor's start, or
+    /// after an eviction): their earlier seqs were not checked.
+    pub untracked_starts: u64,
+    /// Records the auditor could not decode (fanout dead-letters them).
+    pub undecodable: u64,
+}
+
+/// Everything the auditor knows, shared by its tasks and `/report`.
+pub struct State {
+    pub ledger: Ledger,
+    pub counts: Counts,
+    pub recent_gaps: VecDeque<Gap>,
+    pub recent_regressions: VecDeque<Regression>,
+    pub alarms: Alarms,
+    pub checks: checks::Latest,
+    recent: usize,
+    event_alarm: Duration,
+}
+
+/// The auditor's shared state.
+#[derive(Clone)]
+pub struct Audit(Arc<Mutex<State>>);
+
+impl Audit {
+    pub fn new(settings: &Settings) -> Self {
+        let cfg = &settings.audit;
+        Self(Arc::new(Mutex::new(State {
+            ledger: Ledger::new(cfg.max_tracked_conversations, cfg.max_tracked_members),
+            counts: Counts::default(),
+            recent_gaps: VecDeque::new(),
+            recent_regressions: VecDeque::new(),
+            alarms: Alarms::default(),
+            checks: checks::Latest::default(),
+            recent: cfg.recent,
+            event_alarm: Duration::from_millis(cfg.event_alarm_ms),
+        })))
+    }
+
+    pub fn state(&self) -> MutexGuard<'_, State> {
+        self.0.lock().expect("audit state lock")
+    }
+
+    /// What `/report` answers.
+    pub fn report(&self) -> report::Report {
+        let mut state = self.state();
+        let event_alarm = state.event_alarm;
+        state.alarms.expire(event_alarm, Instant::now());
+        report::Report::of(&state)
+    }
+}
+
+impl State {
+    fn observe(&mut self, event: &ChatEvent, appended_ms: Option<i64>) {
+        self.counts.events += 1;
+        metrics::counter!("audit_events_total").increment(1);
+        if let ChatEvent::MessageNew(m) = event {
+            self.counts.messages += 1;
+            if let Some(appended) = appended_ms {
+                let age_ms = appended - m.created_at.timestamp_millis();
+                metrics::histogram!("audit_commit_to_topic_seconds")
+                    .record(age_ms.max(0) as f64 / 1e3);
+            }
+        }
+        let now = Instant::now();
+        match self.ledger.observe(event) {
+            Finding::Fine => {}
+            Finding::Untracked => {
+                self.counts.untracked_starts += 1;
+                metrics::counter!("audit_untracked_starts_total").increment(1);
+            }
+            Finding::Duplicate => {
+                self.counts.duplicates += 1;
+                metrics::counter!("audit_duplicates_total").increment(1);
+            }
+            Finding::Gap(gap) => {
+                self.counts.gaps += 1;
+                self.counts.missing_seqs += gap.missing() as u64;
+                metrics::counter!("audit_seq_gaps_total").increment(1);
+                metrics::counter!("audit_missing_seqs_total").increment(gap.missing() as u64);
+                tracing::error!(
+                    conversation = %gap.conversation_id,
+                    expected = %gap.expected,
+                    found = %gap.found,
+                    "seq gap on chat.events"
+                );
+                let detail = format!(
+                    "conversation {}: expected seq {}, found {}",
+                    gap.conversation_id, gap.expected, gap.found
+                );
+                self.alarms.event(alarm::SEQ_GAP, detail, now);
+                push_bounded(&mut self.recent_gaps, gap, self.recent);
+            }
+            Finding::Regression(r) => {
+                self.counts.regressions += 1;
+                metrics::counter!("audit_read_regressions_total").increment(1);
+                tracing::error!(conversation = %r.conversation_id, user = %r.user_id, was = %r.was, now = %r.now, "read.updated moved backwards");
+                let detail = format!(
+                    "conversation {}, user {}: {} after {}",
+                    r.conversation_id, r.user_id, r.now, r.was
+                );
+                self.alarms.event(alarm::READ_REGRESSION, detail, now);
+                push_bounded(&mut self.recent_regressions, r, self.recent);
+            }
+        }
+    }
+}
+
+fn push_bounded<T>(queue: &mut VecDeque<T>, item: T, max: usize) {
+    queue.push_back(item);
+    while queue.len() > max {
+        queue.pop_front();
+    }
+}
+
+/// A chat.events record and when the broker appended it (the record's timestamp, which
+/// Connect sets when it produces).
+pub struct Stamped {
+    pub event: ChatEvent,
+    pub appended_ms: Option<i64>,
+}
+
+impl Decode for Stamped {
+    fn decode(message: &impl Message, schemas: &mut WriterSchemas) -> Result<Self, Failure> {
+        Ok(Self {
+            event: ChatEvent::decode(message, schemas)?,
+            appended_ms: message.timestamp().to_millis(),
+        })
+    }
+}
+
+/// The events reader's processor: the ledger, nothing written anywhere.
+struct Auditor {
+    audit: Audit,
+    next: std::collections::HashMap<i32, i64>,
+}
+
+impl Processor for Auditor {
+    type Record = Stamped;
+
+    fn apply(&mut self, at: Position, record: Stamped) -> Result<(), Failure> {
+        self.audit
+            .state()
+            .observe(&record.event, record.appended_ms);
+        self.next.insert(at.partition, at.offset + 1);
+        Ok(())
+    }
+
+    fn skip(&mut self, at: Position, _key: Option<&[u8]>) {
+        self.audit.state().counts.undecodable += 1;
+        metrics::counter!("audit_undecodable_total").increment(1);
+        self.next.insert(at.partition, at.offset + 1);
+    }
+
+    fn committable(&mut self) -> Vec<(i32, i64)> {
+        self.next.drain().collect()
+    }
+}
+
+/// Adds the auditor's two tasks to `supervisor`. Call from within a tokio runtime (the
+/// checker is async).
+pub fn spawn(
+    settings: &Settings,
+    supervisor: &mut Supervisor,
+    readiness: &Readiness,
+    audit: Audit,
+) {
+    let health = readiness.reader("audit-events", "audit", settings.readers.stall_after());
+    {
+        let (settings, audit, health) = (settings.clone(), audit.clone(), health.clone());
+        supervisor.spawn_thread("audit-events", move |stop| {
+            run_events(&settings, &stop, health, audit)
+        });
+    }
+    let checker = checks::Checker::new(settings, audit, health);
+    let stop = supervisor.stop_flag();
+    supervisor.spawn_async("audit-checks", checker.run(stop));
+}
+
+fn run_events(
+    settings: &Settings,
+    stop: &AtomicBool,
+    health: Arc<ReaderHealth>,
+    audit: Audit,
+) -> anyhow::Result<()> {
+    let cfg = &settings.audit;
+    let rt = reader_runtime()?;
+    let registry = settings.registry_client()?;
+    let mut spec = ReaderSpec::group(
+        "audit-events",
+        "audit",
+        &cfg.events_topic,
+        &cfg.group,
+        cfg.max_poll_ms,
+        &settings.readers,
+    );
+    // Fanout dead-letters undecodable events; the auditor only counts them.
+    spec.dead_letters = None;
+    let reader = crate::runtime::Reader::new(
+        spec,
+        chatpipe_core::kafka::client_config(&settings.kafka.brokers),
+        Auditor {
+            audit,
+            next: Default::default(),
+        },
+        WriterSchemas::new(registry, rt.handle().clone()),
+        health,
+        rt.handle().clone(),
+    )?;
+    reader.run(stop)
+}
