@@ -8,6 +8,7 @@
 
 pub mod audit;
 pub mod bench;
+pub mod drill;
 pub mod push;
 pub mod stream;
 

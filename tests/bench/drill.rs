@@ -1,0 +1,80 @@
+//! `drill`: the full fault drill (`scripts/drill` builds the services and runs this).
+//! Two of every service of ours, load for the whole drill, every fault in turn, and the
+//! audit of what was lost after each; a table on stderr, JSON in `--out`, and a non-zero
+//! exit when anything was lost.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use chatpipe_tests::drill::faults::{Durations, Fault};
+use chatpipe_tests::drill::services::Bins;
+use chatpipe_tests::drill::{run, Config};
+use clap::Parser;
+
+#[derive(Parser, Debug)]
+#[command(about = "chatpipe's fault drill")]
+struct Args {
+    /// Faults, in order (default: all). One of kill-ingest-api, postgres-restart,
+    /// broker-stall, broker-restart, kill-connect, registry-stop, kill-receipts,
+    /// kill-fanout, kill-gateway.
+    #[arg(long, value_delimiter = ',')]
+    faults: Vec<String>,
+    /// Seconds of load after each fault before it is audited.
+    #[arg(long, default_value_t = 60)]
+    settle_secs: u64,
+    /// WebSocket clients (one user each).
+    #[arg(long, default_value_t = 1000)]
+    clients: usize,
+    #[arg(long, default_value_t = 200)]
+    conversations: usize,
+    /// Messages a second, through both ingest-apis.
+    #[arg(long, default_value_t = 100)]
+    send_rate: u32,
+    #[arg(long, default_value_t = 20)]
+    read_rate: u32,
+    #[arg(long, default_value_t = 90)]
+    broker_stall_secs: u64,
+    #[arg(long, default_value_t = 60)]
+    registry_down_secs: u64,
+    /// Where ingest-api, pipeline and gateway are.
+    #[arg(long, default_value = "target/release")]
+    bins: PathBuf,
+    #[arg(long, default_value = "target/drill")]
+    out: PathBuf,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let faults = if args.faults.is_empty() {
+        Fault::ALL.to_vec()
+    } else {
+        args.faults
+            .iter()
+            .map(|f| Fault::parse(f).ok_or_else(|| anyhow::anyhow!("unknown fault {f:?}")))
+            .collect::<anyhow::Result<_>>()?
+    };
+    let repo = std::env::current_dir()?;
+    let rows = run(Config {
+        faults,
+        settle: Duration::from_secs(args.settle_secs),
+        users: args.clients,
+        conversations: args.conversations,
+        send_rate: args.send_rate,
+        read_rate: args.read_rate,
+        durations: Durations {
+            broker_stall: Duration::from_secs(args.broker_stall_secs),
+            registry_down: Duration::from_secs(args.registry_down_secs),
+            restart_after: Duration::from_secs(5),
+        },
+        bins: Bins::in_dir(&args.bins),
+        out: args.out,
+        repo,
+    })
+    .await;
+    let lost: u64 = rows.iter().map(|r| r.lost()).sum();
+    if lost > 0 {
+        anyhow::bail!("the drill lost {lost} (see the table)");
+    }
+    Ok(())
+}

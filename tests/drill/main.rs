@@ -1,0 +1,70 @@
+//! The short fault drill (three faults, 30 s of load after each), as CI runs it: two of
+//! every service of ours on the real stack, 200 WebSocket clients, and nothing lost.
+//! Its own test binary: the faults hit the shared stack. The full drill is
+//! `scripts/drill`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use chatpipe_tests::drill::faults::{Durations, Fault};
+use chatpipe_tests::drill::services::Bins;
+use chatpipe_tests::drill::{run, Config};
+
+fn bin(var: &str) -> PathBuf {
+    PathBuf::from(std::env::var(var).unwrap_or_else(|_| {
+        panic!("{var} is not set: run the suite with scripts/test, which builds the services")
+    }))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_drill_of_three_faults_under_load_loses_nothing() {
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_owned();
+    let rows = run(Config {
+        faults: Fault::SHORT.to_vec(),
+        settle: Duration::from_secs(30),
+        users: 200,
+        conversations: 40,
+        send_rate: 20,
+        read_rate: 5,
+        durations: Durations {
+            broker_stall: Duration::from_secs(90),
+            registry_down: Duration::from_secs(60),
+            restart_after: Duration::from_secs(5),
+        },
+        bins: Bins {
+            ingest_api: bin("CHATPIPE_INGEST_API_BIN"),
+            pipeline: bin("CHATPIPE_PIPELINE_BIN"),
+            gateway: bin("CHATPIPE_GATEWAY_BIN"),
+        },
+        out: repo.join("target/drill-short"),
+        repo,
+    })
+    .await;
+    assert_eq!(
+        rows.len(),
+        Fault::SHORT.len() + 2,
+        "warm-up, each fault, the end"
+    );
+    for r in &rows {
+        assert_eq!(r.lost(), 0, "lost in {}: {r:#?}", r.fault);
+        assert!(
+            r.acked_in_phase > 0 || r.fault.starts_with("end"),
+            "no sends acknowledged in {}",
+            r.fault
+        );
+    }
+    let end = rows.last().unwrap();
+    assert!(
+        end.acked >= 100,
+        "the load ran: {} sends acknowledged",
+        end.acked
+    );
+    let kill_gateway = &rows[3];
+    assert!(
+        kill_gateway.reconnects > 0,
+        "the killed gateway's clients reconnected: {kill_gateway:#?}"
+    );
+}

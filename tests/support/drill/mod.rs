@@ -1,0 +1,403 @@
+//! The fault drill: two of every service of ours on the real stack, load for the whole
+//! drill, faults one after another, and after each an audit of what was lost.
+//!
+//! Per fault it counts: acknowledged sends (all so far); of those, missing in PostgreSQL
+//! and missing on `chat.events` (after dedupe by `(conversationId, seq)`); seq gaps;
+//! duplicates; watermark regressions on `chat.events`; `message.new` frames to users
+//! not in the conversation; seqs a client still lacks after it reconnected and caught
+//! up over REST; and the recovery time from the end of the fault to the first record on
+//! `chat.events` and the first push. Alarms `pipeline audit` raised meanwhile are listed.
+//!
+//! `scripts/drill` runs the full drill (every fault, `tests/bench/drill.rs`); the test
+//! suite runs a short one (`tests/drill/`).
+
+pub mod events;
+pub mod faults;
+pub mod load;
+pub mod services;
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chatpipe_core::auth::TokenKeys;
+use futures::StreamExt;
+use secrecy::SecretString;
+use serde::Serialize;
+
+use faults::{Durations, Fault, Stack};
+use load::{Acks, Clients, World};
+use services::{Bins, Env, Services};
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub faults: Vec<Fault>,
+    /// Load after each fault before it is audited (and before the first fault).
+    pub settle: Duration,
+    pub users: usize,
+    pub conversations: usize,
+    /// Messages a second, in all.
+    pub send_rate: u32,
+    /// Read marks a second, in all.
+    pub read_rate: u32,
+    pub durations: Durations,
+    pub bins: Bins,
+    /// Where the JSON result and the services' logs go.
+    pub out: PathBuf,
+    /// The repository (for scripts/stack).
+    pub repo: PathBuf,
+}
+
+/// One row of the drill's table.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Row {
+    pub fault: String,
+    /// Acknowledged sends so far, and in this phase.
+    pub acked: u64,
+    pub acked_in_phase: u64,
+    pub missing_in_postgres: u64,
+    pub missing_on_topic: u64,
+    pub gaps: u64,
+    pub duplicates: u64,
+    pub regressions: u64,
+    pub non_member_frames: u64,
+    /// Seqs of their conversations some client lacked after its REST catch-up.
+    pub ws_missing: u64,
+    /// Seconds from the end of the fault to the first record on chat.events / push.
+    pub topic_recovery_s: Option<f64>,
+    pub push_recovery_s: Option<f64>,
+    /// Of the messages clients hold, the share that came by push (the rest over REST).
+    pub pushed_share: f64,
+    pub reconnects: u64,
+    pub send_retries: u64,
+    pub abandoned_sends: u64,
+    /// Alarms of `pipeline audit` that fired during the phase.
+    pub alarms: Vec<String>,
+}
+
+impl Row {
+    /// Everything that must be 0.
+    pub fn lost(&self) -> u64 {
+        self.missing_in_postgres
+            + self.missing_on_topic
+            + self.gaps
+            + self.regressions
+            + self.non_member_frames
+            + self.ws_missing
+    }
+}
+
+/// Runs the drill; returns one row for the warm-up, one per fault and one at the end.
+pub async fn run(cfg: Config) -> Vec<Row> {
+    let stack = Stack {
+        script: cfg.repo.join("scripts/stack"),
+        home: std::env::var("STACK_HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| cfg.repo.join(".stack")),
+    };
+    let secret = format!("drill-{}", uuid::Uuid::new_v4().simple());
+    let env = Env {
+        database_url: chatpipe_database_url(),
+        brokers: crate::stream::brokers(),
+        registry_url: crate::registry_url(),
+        connect_url: crate::stream::connect_url(),
+        jwt_secret: secret.clone(),
+        logs: cfg.out.join("logs"),
+    };
+    let mut services = Services::new(services::specs(&cfg.bins, &env), env.logs.clone());
+    for name in services.names() {
+        services.start(&name).await;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    // The topic is read until the very end, after the load stopped.
+    let stop_reading = Arc::new(AtomicBool::new(false));
+    let topic = events::follow(
+        &env.brokers,
+        &env.registry_url,
+        "chat.events",
+        stop_reading.clone(),
+    );
+
+    let keys = TokenKeys::new(&SecretString::from(secret), Duration::from_secs(5)).unwrap();
+    let first_user = 10_000_000 + (rand::random::<u32>() % 1_000_000) as i64 * 10_000;
+    let world = Arc::new(World::create(keys, first_user, cfg.users, cfg.conversations).await);
+    let conversations: BTreeSet<i64> = world.conversations.keys().copied().collect();
+    let clients = Arc::new(Clients::new(&world.users()));
+    let sockets = load::connect_all(world.clone(), clients.clone(), stop.clone());
+    let connected = Instant::now() + Duration::from_secs(60);
+    while clients.connected.load(Ordering::Relaxed) < cfg.users as u64 {
+        assert!(
+            Instant::now() < connected,
+            "{} of {} clients connected after 60 s",
+            clients.connected.load(Ordering::Relaxed),
+            cfg.users
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let acks = Arc::new(Acks::default());
+    let senders = tokio::spawn(load::send(
+        world.clone(),
+        acks.clone(),
+        cfg.send_rate,
+        stop.clone(),
+    ));
+    let readers = tokio::spawn(load::read(
+        world.clone(),
+        clients.clone(),
+        cfg.read_rate,
+        stop.clone(),
+    ));
+    let alarms = Arc::new(Mutex::new(BTreeSet::new()));
+    let watcher = tokio::spawn(watch_alarms(alarms.clone(), stop.clone()));
+
+    let audit = Audit {
+        world: world.clone(),
+        clients: clients.clone(),
+        acks: acks.clone(),
+        topic: topic.clone(),
+        conversations,
+        alarms: alarms.clone(),
+        pool: sqlx::PgPool::connect(&env.database_url)
+            .await
+            .expect("PostgreSQL"),
+    };
+    let mut rows = Vec::new();
+    let mut acked_before = 0;
+    tokio::time::sleep(cfg.settle).await;
+    rows.push(audit.row("warm-up", None, &mut acked_before).await);
+    print_row(rows.last().unwrap());
+    for fault in &cfg.faults {
+        eprintln!("drill: injecting {}", fault.name());
+        alarms.lock().unwrap().clear();
+        let ended = faults::inject(*fault, &mut services, &stack, cfg.durations).await;
+        let exited = services.exited();
+        assert!(
+            exited.is_empty(),
+            "services exited on their own during {}: {exited:?}",
+            fault.name()
+        );
+        tokio::time::sleep(cfg.settle).await;
+        rows.push(
+            audit
+                .row(fault.name(), Some(ended), &mut acked_before)
+                .await,
+        );
+        print_row(rows.last().unwrap());
+    }
+    // The load stops; everything acknowledged must arrive everywhere.
+    stop.store(true, Ordering::Relaxed);
+    let _ = senders.await;
+    let _ = readers.await;
+    for s in sockets {
+        let _ = s.await;
+    }
+    let _ = watcher.await;
+    rows.push(
+        audit
+            .row("end (load stopped)", None, &mut acked_before)
+            .await,
+    );
+    print_row(rows.last().unwrap());
+    stop_reading.store(true, Ordering::Relaxed);
+    services.stop_all().await;
+    std::fs::create_dir_all(&cfg.out).unwrap();
+    let file = cfg.out.join("drill.json");
+    std::fs::write(&file, serde_json::to_vec_pretty(&rows).unwrap()).unwrap();
+    eprintln!("drill: {}", file.display());
+    rows
+}
+
+/// The database the stack's connector streams from (`DATABASE_URL` names the server).
+fn chatpipe_database_url() -> String {
+    let server = crate::server_url();
+    let db = std::env::var("CHATPIPE_PG_DB").unwrap_or_else(|_| "chatpipe".into());
+    match server.rsplit_once('/') {
+        Some((base, _)) => format!("{base}/{db}"),
+        None => server,
+    }
+}
+
+async fn watch_alarms(seen: Arc<Mutex<BTreeSet<String>>>, stop: Arc<AtomicBool>) {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    while !stop.load(Ordering::Relaxed) {
+        if let Ok(r) = http
+            .get(format!("{}/report", services::audit_url()))
+            .send()
+            .await
+        {
+            if let Ok(report) = r.json::<serde_json::Value>().await {
+                let firing = report["firing"].as_array().cloned().unwrap_or_default();
+                let mut seen = seen.lock().unwrap();
+                for a in firing {
+                    if let Some(name) = a["name"].as_str() {
+                        seen.insert(name.to_owned());
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+struct Audit {
+    world: Arc<World>,
+    clients: Arc<Clients>,
+    acks: Arc<Acks>,
+    topic: Arc<Mutex<events::Topic>>,
+    conversations: BTreeSet<i64>,
+    alarms: Arc<Mutex<BTreeSet<String>>>,
+    pool: sqlx::PgPool,
+}
+
+impl Audit {
+    async fn row(&self, fault: &str, ended: Option<Instant>, acked_before: &mut u64) -> Row {
+        let acked = self.acks.all.lock().unwrap().clone();
+        // CDC and pushes trail the acks: wait (two minutes at most) for the topic.
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let missing_on_topic = loop {
+            let missing = {
+                let t = self.topic.lock().unwrap();
+                acked
+                    .iter()
+                    .filter(|a| !t.messages.contains_key(&(a.conversation, a.seq)))
+                    .count() as u64
+            };
+            if missing == 0 || Instant::now() > deadline {
+                break missing;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        };
+        let missing_in_postgres = self.missing_in_postgres(&acked).await;
+        // Every client catches up over REST (as after a reconnect), then must hold every
+        // acknowledged seq of its conversations.
+        futures::stream::iter(self.world.users())
+            .for_each_concurrent(32, |user| async move {
+                load::catch_up(&self.world, &self.clients, user).await;
+            })
+            .await;
+        let mut ws_missing = 0;
+        let (mut pushed, mut fetched, mut reconnects, mut non_member) = (0, 0, 0, 0);
+        for a in &acked {
+            for user in &self.world.conversations[&a.conversation] {
+                let seen = self.clients.seen[user].lock().unwrap();
+                if !seen
+                    .seqs
+                    .get(&a.conversation)
+                    .is_some_and(|s| s.contains(&a.seq))
+                {
+                    ws_missing += 1;
+                }
+            }
+        }
+        for seen in self.clients.seen.values() {
+            let seen = seen.lock().unwrap();
+            pushed += seen.pushed - seen.pushed_twice;
+            fetched += seen.fetched;
+            reconnects += seen.reconnects;
+            non_member += seen.non_member_frames;
+        }
+        let (gaps, duplicates, regressions, topic_recovery) = {
+            let t = self.topic.lock().unwrap();
+            (
+                t.gaps(&self.conversations),
+                t.duplicates(&self.conversations),
+                t.regressions,
+                ended.and_then(|e| t.first_after(e).map(|f| (f - e).as_secs_f64())),
+            )
+        };
+        let push_recovery = ended.and_then(|e| {
+            self.clients
+                .first_frame_after(e)
+                .map(|f| (f - e).as_secs_f64())
+        });
+        let held = pushed + fetched;
+        let row = Row {
+            fault: fault.to_owned(),
+            acked: acked.len() as u64,
+            acked_in_phase: acked.len() as u64 - *acked_before,
+            missing_in_postgres,
+            missing_on_topic,
+            gaps,
+            duplicates,
+            regressions,
+            non_member_frames: non_member,
+            ws_missing,
+            topic_recovery_s: topic_recovery,
+            push_recovery_s: push_recovery,
+            pushed_share: if held == 0 {
+                0.0
+            } else {
+                pushed as f64 / held as f64
+            },
+            reconnects,
+            send_retries: self.acks.retries.load(Ordering::Relaxed),
+            abandoned_sends: self.acks.abandoned.load(Ordering::Relaxed),
+            alarms: self.alarms.lock().unwrap().iter().cloned().collect(),
+        };
+        *acked_before = acked.len() as u64;
+        row
+    }
+
+    /// Acknowledged sends without their row (conversation, seq, clientMsgId) in PostgreSQL.
+    async fn missing_in_postgres(&self, acked: &[load::Ack]) -> u64 {
+        let conversations: Vec<i64> = acked.iter().map(|a| a.conversation).collect();
+        let seqs: Vec<i64> = acked.iter().map(|a| a.seq).collect();
+        let ids: Vec<uuid::Uuid> = acked.iter().map(|a| a.client_msg_id).collect();
+        for _ in 0..120 {
+            let found: Result<i64, _> = sqlx::query_scalar(
+                "SELECT count(*) FROM unnest($1::bigint[], $2::bigint[], $3::uuid[]) AS a(c, s, id)
+                   JOIN message m ON m.conversation_id = a.c AND m.seq = a.s AND m.client_msg_id = a.id",
+            )
+            .bind(&conversations)
+            .bind(&seqs)
+            .bind(&ids)
+            .fetch_one(&self.pool)
+            .await;
+            match found {
+                Ok(found) => return acked.len() as u64 - found as u64,
+                // PostgreSQL restarting (a drill fault): ask again.
+                Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+            }
+        }
+        panic!("PostgreSQL did not answer the drill's audit for a minute");
+    }
+}
+
+/// The table's header and one line per row, as the drill goes.
+pub fn print_row(r: &Row) {
+    static HEADER: std::sync::Once = std::sync::Once::new();
+    HEADER.call_once(|| {
+        eprintln!(
+            "| fault | acked (phase) | missing PG | missing topic | gaps | dups | regressions | non-member frames | WS missing | topic back (s) | push back (s) | pushed | alarms |"
+        );
+        eprintln!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    });
+    let secs = |s: Option<f64>| s.map_or("-".to_owned(), |s| format!("{s:.1}"));
+    eprintln!(
+        "| {} | {} ({}) | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0}% | {} |",
+        r.fault,
+        r.acked,
+        r.acked_in_phase,
+        r.missing_in_postgres,
+        r.missing_on_topic,
+        r.gaps,
+        r.duplicates,
+        r.regressions,
+        r.non_member_frames,
+        r.ws_missing,
+        secs(r.topic_recovery_s),
+        secs(r.push_recovery_s),
+        r.pushed_share * 100.0,
+        if r.alarms.is_empty() {
+            "-".to_owned()
+        } else {
+            r.alarms.join(", ")
+        },
+    );
+}
