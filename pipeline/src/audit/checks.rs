@@ -101,6 +101,14 @@ struct ConnectState {
     state: String,
 }
 
+/// One round's reads for the CDC check.
+struct CdcRead {
+    sample: Vec<(ConversationId, Seq)>,
+    newest_streamed: Option<ConversationId>,
+    in_postgres: Vec<(i64, i64)>,
+    newest_in_postgres: Option<i64>,
+}
+
 pub struct Checker {
     cfg: AuditSettings,
     audit: Audit,
@@ -161,11 +169,16 @@ impl Checker {
     /// One round of every check; updates the alarms and the latest results.
     pub async fn check(&mut self) {
         let now = Instant::now();
-        let cdc = self.cdc(now).await;
-        let slot = self.slot().await;
-        let connector = self.connector().await;
-        let probes = self.probes(now).await;
-        let dead_letters = self.dead_letters().await;
+        // Concurrently: one that waits for a timeout does not delay the others.
+        let (cdc, slot, connector, answers, dead_letters) = tokio::join!(
+            self.cdc_read(),
+            self.slot(),
+            self.connector(),
+            self.probe_answers(),
+            self.dead_letters()
+        );
+        let cdc = cdc.and_then(|read| self.cdc(read, now));
+        let probes = self.probes(answers, now);
 
         let cfg = &self.cfg;
         let mut state = self.audit.state();
@@ -276,7 +289,8 @@ impl Checker {
         };
     }
 
-    async fn cdc(&mut self, now: Instant) -> Result<Cdc, sqlx::Error> {
+    /// What was streamed of the recent conversations, and what PostgreSQL holds of them.
+    async fn cdc_read(&self) -> Result<CdcRead, sqlx::Error> {
         let (sample, newest_streamed) = {
             let state = self.audit.state();
             (
@@ -294,6 +308,22 @@ impl Checker {
             sqlx::query_scalar("SELECT max(id) FROM conversation")
                 .fetch_one(&self.pool)
                 .await?;
+        Ok(CdcRead {
+            sample,
+            newest_streamed,
+            in_postgres,
+            newest_in_postgres,
+        })
+    }
+
+    /// Remembers the commits seen ahead of the topic and forgets those that arrived.
+    fn cdc(&mut self, read: CdcRead, now: Instant) -> Result<Cdc, sqlx::Error> {
+        let CdcRead {
+            sample,
+            newest_streamed,
+            in_postgres,
+            newest_in_postgres,
+        } = read;
 
         let streamed: HashMap<ConversationId, Seq> = sample.iter().copied().collect();
         for (id, last_seq) in in_postgres {
@@ -334,7 +364,7 @@ impl Checker {
         Ok(Cdc {
             caught_up: auditor_lag == 0,
             auditor_lag,
-            sampled: ids.len(),
+            sampled: sample.len(),
             unstreamed: self.unstreamed.len() + usize::from(self.newest_unstreamed.is_some()),
             oldest_unstreamed_ms: oldest,
             newest_conversation_in_postgres: newest_in_postgres,
@@ -401,14 +431,26 @@ impl Checker {
         }
     }
 
-    async fn probes(&mut self, now: Instant) -> Vec<Probe> {
-        let mut out = Vec::new();
-        for url in self.cfg.probes.clone() {
-            let answer = match self.http.get(&url).send().await {
+    /// Each probe's answer: `Ok(status)` for 2xx, `Err(status or error)` otherwise.
+    async fn probe_answers(&self) -> Vec<(String, Result<String, String>)> {
+        let asks = self.cfg.probes.iter().map(|url| async move {
+            let answer = match self.http.get(url).send().await {
                 Ok(r) if r.status().is_success() => Ok(r.status().to_string()),
                 Ok(r) => Err(r.status().to_string()),
                 Err(e) => Err(e.to_string()),
             };
+            (url.clone(), answer)
+        });
+        futures::future::join_all(asks).await
+    }
+
+    fn probes(
+        &mut self,
+        answers: Vec<(String, Result<String, String>)>,
+        now: Instant,
+    ) -> Vec<Probe> {
+        let mut out = Vec::new();
+        for (url, answer) in answers {
             let ok = answer.is_ok();
             metrics::gauge!("audit_probe_ok", "target" => url.clone()).set(if ok {
                 1.0
