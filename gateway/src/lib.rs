@@ -127,8 +127,11 @@ pub async fn run(
         .await
         .context("registering the presence schema")?;
     let brokers = &settings.kafka.brokers;
+    // A presence record older than a lease is worth nothing: librdkafka gives up on it
+    // then, rather than after its default five minutes.
     let producer: rdkafka::producer::FutureProducer =
         chatpipe_core::kafka::producer_config(brokers)
+            .set("message.timeout.ms", settings.presence.lease_ms.to_string())
             .create()
             .context("creating the Kafka producer")?;
     let sessions = Sessions::new(settings.sessions.queue_bound);

@@ -55,7 +55,12 @@ impl Publisher {
         }
     }
 
-    /// Writes the presence of `users` (count 0: a tombstone), waiting for the acks.
+    /// Writes the presence of `users` (count 0: a tombstone), waiting for the acks about
+    /// one renewal tick (at least 1 s, at most half a lease): a record the broker has not acknowledged by then stays
+    /// queued in the producer (in order, per user), but the renewals of the others must
+    /// not wait behind it. After a broker restart an acknowledgement can take tens of
+    /// seconds, longer than a lease; waiting for it here let every lease of the gateway
+    /// expire in fanout, and pushes stopped for that long.
     pub async fn publish(&self, users: &[(UserId, usize)]) {
         let expires = chrono::Utc::now().timestamp_millis() + self.lease.as_millis() as i64;
         let sends = users.iter().map(|(user, count)| {
@@ -78,7 +83,18 @@ impl Publisher {
                 self.producer.send(record, Duration::from_secs(10)).await
             }
         });
-        for result in join_all(sends).await {
+        let tick = self.renew / RENEW_SLICES as u32;
+        let wait = tick.max(Duration::from_secs(1)).min(self.lease / 2);
+        let Ok(results) = tokio::time::timeout(wait, join_all(sends)).await else {
+            metrics::counter!("gateway_presence_unacknowledged_total")
+                .increment(users.len() as u64);
+            tracing::warn!(
+                users = users.len(),
+                "presence records not acknowledged within {wait:?}: left queued in the producer"
+            );
+            return;
+        };
+        for result in results {
             match result {
                 Ok(_) => metrics::counter!("gateway_presence_records_total").increment(1),
                 Err((err, _)) => {

@@ -167,10 +167,27 @@ async fn broker_fault(fault: Fault) {
         {
             break;
         }
-        assert!(
-            resumed.elapsed() < RECOVERY,
-            "no push reached bob's WebSocket within {RECOVERY:?} of the broker's return"
-        );
+        if resumed.elapsed() >= RECOVERY {
+            // Say which part of the push path did not come back.
+            let gateway = reqwest::get(format!("{}/readyz", gw.http_base()))
+                .await
+                .map(|r| r.status().to_string())
+                .unwrap_or_else(|e| e.to_string());
+            let gateway_body = match reqwest::get(format!("{}/readyz", gw.http_base())).await {
+                Ok(r) => r.text().await.unwrap_or_default(),
+                Err(e) => e.to_string(),
+            };
+            panic!(
+                "no push reached bob's WebSocket within {RECOVERY:?} of the broker's return; \
+                 fanout: {} events, bob online: {}, readers: {:?}; gateway /readyz: {gateway} {gateway_body}; \
+                 receipts readers: {:?}; connector: {}",
+                fanout.status.events(),
+                fanout.status.online_among(&[chatpipe_core::UserId::of(bob)]) == 1,
+                fanout.readiness.report(),
+                receipts.readiness.report(),
+                chatpipe_tests::stream::connector_status(&p.connector).await,
+            );
+        }
     }
     let push_back = resumed.elapsed();
     // CDC: every message, the ones sent during the stall included, is on chat.events.

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::OwnedMessage;
 use rdkafka::producer::FutureProducer;
 use rdkafka::{ClientConfig, ClientContext, Message, Offset, TopicPartitionList};
@@ -175,6 +176,7 @@ struct ReaderMetrics {
     consumer_errors: metrics::Counter,
     commit_failures: metrics::Counter,
     retrying: metrics::Gauge,
+    refetches: metrics::Counter,
 }
 
 impl ReaderMetrics {
@@ -186,6 +188,7 @@ impl ReaderMetrics {
             consumer_errors: metrics::counter!(format!("{prefix}_consumer_errors_total")),
             commit_failures: metrics::counter!(format!("{prefix}_commit_failures_total")),
             retrying: metrics::gauge!(format!("{prefix}_retrying")),
+            refetches: metrics::counter!(format!("{prefix}_refetches_total")),
         }
     }
 }
@@ -405,6 +408,49 @@ pub struct Reader<P: Processor> {
     core: Core<P>,
     backoff: Backoff,
     hold: Option<Hold>,
+    watch: FetchWatch,
+}
+
+/// Catches a consumer that stopped fetching. After a broker restart librdkafka can leave
+/// a partition without a fetcher while everything else looks fine: no error, the client
+/// statistics frozen at "no lag" (librdkafka#5153, rust-rdkafka#597; seen here on a
+/// gateway's deliveries reader, whose pushes stopped until a restart). When nothing has
+/// arrived for `readers.fetch_check_ms`, the reader asks the broker where each of its
+/// partitions ends; a partition that ends past the reader's position has records nobody
+/// fetches, and is fetched again from that position (a seek restarts its fetcher).
+/// Until its records arrive, the reader counts as holding, so `/readyz` turns 503
+/// after `stall_after_ms` instead of reporting a silent reader as ready.
+struct FetchWatch {
+    every: Duration,
+    last_record: Instant,
+    next_check: Instant,
+    /// Records seen waiting at the last check (0: none).
+    stuck: i64,
+}
+
+impl FetchWatch {
+    fn new(every: Duration) -> Self {
+        Self {
+            every,
+            last_record: Instant::now(),
+            next_check: Instant::now() + every,
+            stuck: 0,
+        }
+    }
+
+    fn due(&self, now: Instant) -> bool {
+        now >= self.next_check && now.duration_since(self.last_record) >= self.every
+    }
+
+    /// A record arrived: the partitions are being fetched.
+    fn fetched(&mut self, health: &ReaderHealth, reader: &str) {
+        self.last_record = Instant::now();
+        if self.stuck > 0 {
+            self.stuck = 0;
+            health.release();
+            tracing::info!(reader, "records arrive again");
+        }
+    }
 }
 
 /// What processing a record takes, apart from the consumer it came from.
@@ -472,6 +518,7 @@ impl<P: Processor> Reader<P> {
             .create()
             .context("creating the dead-letter producer")?;
         let backoff = Backoff::new(&shared.spec.settings);
+        let spec_fetch_check = shared.spec.settings.fetch_check();
         let reader = Self {
             consumer,
             core: Core {
@@ -482,6 +529,7 @@ impl<P: Processor> Reader<P> {
             },
             backoff,
             hold: None,
+            watch: FetchWatch::new(spec_fetch_check),
         };
         reader.start()?;
         Ok(reader)
@@ -568,6 +616,7 @@ impl<P: Processor> Reader<P> {
             }
             match self.consumer.poll(spec.max_poll) {
                 Some(Ok(message)) => {
+                    self.watch.fetched(&self.core.shared.health, &spec.name);
                     if let Err(failure) = self.core.take(&message) {
                         let message = message.detach();
                         self.hold_on(Held::Record(message), failure);
@@ -591,9 +640,125 @@ impl<P: Processor> Reader<P> {
                 self.commit(CommitMode::Async);
                 next_commit = Instant::now() + spec.commit_every;
             }
+            if self.watch.due(Instant::now()) {
+                self.check_fetching();
+            }
         }
         self.finish();
         Ok(())
+    }
+
+    /// Nothing arrived for a while: is that because nothing is there? See [`FetchWatch`].
+    fn check_fetching(&mut self) {
+        self.watch.next_check = Instant::now() + self.watch.every;
+        let (topic, name) = (self.spec().topic.clone(), self.spec().name.clone());
+        let Ok(positions) = self.consumer.position() else {
+            return;
+        };
+        let timeout = Duration::from_secs(2);
+        let mut waiting = 0;
+        let mut refetched = Vec::new();
+        let mut lost = Vec::new();
+        for e in positions.elements_for_topic(&topic) {
+            let Offset::Offset(position) = e.offset() else {
+                continue;
+            };
+            let end = match self
+                .consumer
+                .fetch_watermarks(&topic, e.partition(), timeout)
+            {
+                Ok((_, end)) => end,
+                // The client's metadata no longer has the partition: a broker that was
+                // starting answered without it, and an assigned consumer does not ask
+                // again. Nothing is fetched from it until it does.
+                Err(KafkaError::MetadataFetch(RDKafkaErrorCode::UnknownPartition)) => {
+                    lost.push((e.partition(), position));
+                    continue;
+                }
+                // The broker does not answer: an outage, which the reader waits out.
+                Err(_) => return,
+            };
+            if end > position {
+                waiting += end - position;
+                let seek =
+                    self.consumer
+                        .seek(&topic, e.partition(), Offset::Offset(position), timeout);
+                if let Err(err) = seek {
+                    tracing::warn!(reader = %name, partition = e.partition(), "seek to fetch again: {err}");
+                }
+                self.core.shared.metrics.refetches.increment(1);
+                refetched.push(e.partition());
+            }
+        }
+        if !lost.is_empty() {
+            self.recover_partitions(&lost);
+        }
+        if waiting > 0 || !lost.is_empty() {
+            tracing::warn!(
+                reader = %name,
+                refetched = ?refetched,
+                records = waiting,
+                unknown_to_the_client = ?lost.iter().map(|(p, _)| *p).collect::<Vec<_>>(),
+                "the consumer is not fetching some partitions: fetching them again"
+            );
+            self.core.shared.health.set_lag(waiting.max(1));
+            self.core.shared.health.hold(format!(
+                "partitions {refetched:?} have {waiting} records not fetched, partitions {:?} are unknown to the client; fetching again",
+                lost.iter().map(|(p, _)| *p).collect::<Vec<_>>()
+            ));
+        }
+        let stuck = waiting.max(i64::from(!lost.is_empty()));
+        if stuck == 0 && self.watch.stuck > 0 {
+            // Nothing waits any more (what waited was fetched, or is gone).
+            self.core.shared.health.release();
+        }
+        self.watch.stuck = stuck;
+    }
+
+    /// Partitions the client's metadata lost: ask the broker for the topic's metadata
+    /// again and, for a reader that assigns its partitions itself, assign them again from
+    /// where it stands (a group reader's partitions are the group's to give).
+    fn recover_partitions(&mut self, lost: &[(i32, i64)]) {
+        let topic = self.spec().topic.clone();
+        self.core
+            .shared
+            .metrics
+            .refetches
+            .increment(lost.len() as u64);
+        if let Err(err) = self
+            .consumer
+            .fetch_metadata(Some(&topic), Duration::from_secs(5))
+        {
+            tracing::warn!(reader = %self.spec().name, "refreshing the metadata of {topic}: {err}");
+            return;
+        }
+        if !matches!(self.spec().source, Source::Assigned { .. }) {
+            return;
+        }
+        let Ok(assignment) = self.consumer.assignment() else {
+            return;
+        };
+        let positions = self.consumer.position().ok();
+        let mut tpl = TopicPartitionList::new();
+        for e in assignment.elements_for_topic(&topic) {
+            let p = e.partition();
+            let offset = lost
+                .iter()
+                .find(|(l, _)| *l == p)
+                .map(|(_, o)| Offset::Offset(*o))
+                .or_else(|| {
+                    positions
+                        .as_ref()
+                        .and_then(|ps| ps.find_partition(&topic, p))
+                        .map(|e| e.offset())
+                        .filter(|o| matches!(o, Offset::Offset(_)))
+                })
+                .unwrap_or(e.offset());
+            let _ = tpl.add_partition_offset(&topic, p, offset);
+        }
+        if let Err(err) = self.consumer.assign(&tpl) {
+            tracing::warn!(reader = %self.spec().name, "assigning {topic} again: {err}");
+        }
     }
 
     /// Holds `what` after a failure: pause the partitions and retry after a backoff.

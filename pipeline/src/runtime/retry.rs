@@ -23,6 +23,10 @@ pub struct ReaderSettings {
     pub dead_letter_timeout_ms: u64,
     /// How often a group reader commits the offsets its processor released.
     pub commit_interval_ms: u64,
+    /// A reader that has received nothing for this long asks the broker for the end of
+    /// its partitions; records it is not fetching are fetched again (see
+    /// `reader::FetchWatch`).
+    pub fetch_check_ms: u64,
 }
 
 impl ReaderSettings {
@@ -32,6 +36,10 @@ impl ReaderSettings {
 
     pub fn commit_interval(&self) -> Duration {
         Duration::from_millis(self.commit_interval_ms)
+    }
+
+    pub fn fetch_check(&self) -> Duration {
+        Duration::from_millis(self.fetch_check_ms)
     }
 }
 
@@ -123,6 +131,7 @@ mod tests {
             stall_after_ms: 30_000,
             dead_letter_timeout_ms: 10_000,
             commit_interval_ms: 200,
+            fetch_check_ms: 5000,
         };
         let (mut a, mut b) = (Backoff::new(&settings), Backoff::new(&settings));
         let waits_a: Vec<Duration> = (0..8).map(|_| a.next_wait()).collect();
@@ -138,6 +147,7 @@ mod tests {
             stall_after_ms: 30_000,
             dead_letter_timeout_ms: 10_000,
             commit_interval_ms: 200,
+            fetch_check_ms: 5000,
         };
         let mut backoff = Backoff::new(&settings);
         let waits: Vec<Duration> = (0..12).map(|_| backoff.next_wait()).collect();
