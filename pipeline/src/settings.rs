@@ -104,12 +104,25 @@ impl DatabaseSettings {
     /// A pool of `max_connections` to `url`, connected now (so a wrong URL fails at start).
     pub async fn connect(&self) -> anyhow::Result<sqlx::PgPool> {
         use anyhow::Context;
-        sqlx::postgres::PgPoolOptions::new()
-            .max_connections(self.max_connections)
-            .acquire_timeout(std::time::Duration::from_millis(self.acquire_timeout_ms))
+        self.pool_options()
             .connect(&self.url)
             .await
             .context("connecting to PostgreSQL (database.url / DATABASE_URL)")
+    }
+
+    /// The same pool, connecting on first use: PostgreSQL being down at start is then a
+    /// finding of the caller's, not a reason to exit.
+    pub fn connect_lazy(&self) -> anyhow::Result<sqlx::PgPool> {
+        use anyhow::Context;
+        self.pool_options()
+            .connect_lazy(&self.url)
+            .context("database.url / DATABASE_URL is not a PostgreSQL URL")
+    }
+
+    fn pool_options(&self) -> sqlx::postgres::PgPoolOptions {
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(self.max_connections)
+            .acquire_timeout(std::time::Duration::from_millis(self.acquire_timeout_ms))
     }
 }
 

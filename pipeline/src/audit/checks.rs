@@ -125,12 +125,10 @@ pub struct Checker {
 
 impl Checker {
     pub fn new(settings: &Settings, audit: Audit, health: Arc<ReaderHealth>) -> Self {
-        let db = &settings.database;
-        // Lazy: PostgreSQL being down at start is a finding, not a reason to exit.
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(db.max_connections)
-            .acquire_timeout(Duration::from_millis(db.acquire_timeout_ms))
-            .connect_lazy(&db.url)
+        // Lazy: PostgreSQL being down at start is a finding (postgres_unreachable).
+        let pool = settings
+            .database
+            .connect_lazy()
             .expect("database.url is a PostgreSQL URL");
         let kafka = chatpipe_core::kafka::client_config(&settings.kafka.brokers)
             .create()

@@ -691,7 +691,7 @@ impl<P: Processor> Reader<P> {
             }
         }
         if !lost.is_empty() {
-            self.recover_partitions(&lost);
+            self.recover_partitions(&lost, &positions);
         }
         if waiting > 0 || !lost.is_empty() {
             tracing::warn!(
@@ -718,7 +718,7 @@ impl<P: Processor> Reader<P> {
     /// Partitions the client's metadata lost: ask the broker for the topic's metadata
     /// again and, for a reader that assigns its partitions itself, assign them again from
     /// where it stands (a group reader's partitions are the group's to give).
-    fn recover_partitions(&mut self, lost: &[(i32, i64)]) {
+    fn recover_partitions(&mut self, lost: &[(i32, i64)], positions: &TopicPartitionList) {
         let topic = self.spec().topic.clone();
         self.core
             .shared
@@ -738,21 +738,14 @@ impl<P: Processor> Reader<P> {
         let Ok(assignment) = self.consumer.assignment() else {
             return;
         };
-        let positions = self.consumer.position().ok();
         let mut tpl = TopicPartitionList::new();
         for e in assignment.elements_for_topic(&topic) {
             let p = e.partition();
-            let offset = lost
-                .iter()
-                .find(|(l, _)| *l == p)
-                .map(|(_, o)| Offset::Offset(*o))
-                .or_else(|| {
-                    positions
-                        .as_ref()
-                        .and_then(|ps| ps.find_partition(&topic, p))
-                        .map(|e| e.offset())
-                        .filter(|o| matches!(o, Offset::Offset(_)))
-                })
+            // Where the reader stands, or where it was assigned if it has read nothing.
+            let offset = positions
+                .find_partition(&topic, p)
+                .map(|e| e.offset())
+                .filter(|o| matches!(o, Offset::Offset(_)))
                 .unwrap_or(e.offset());
             let _ = tpl.add_partition_offset(&topic, p, offset);
         }

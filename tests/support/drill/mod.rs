@@ -212,12 +212,8 @@ pub async fn run(cfg: Config) -> Vec<Row> {
 
 /// The database the stack's connector streams from (`DATABASE_URL` names the server).
 fn chatpipe_database_url() -> String {
-    let server = crate::server_url();
     let db = std::env::var("CHATPIPE_PG_DB").unwrap_or_else(|_| "chatpipe".into());
-    match server.rsplit_once('/') {
-        Some((base, _)) => format!("{base}/{db}"),
-        None => server,
-    }
+    crate::with_database(&crate::server_url(), &db)
 }
 
 async fn watch_alarms(seen: Arc<Mutex<BTreeSet<String>>>, stop: Arc<AtomicBool>) {
