@@ -1,38 +1,79 @@
-use chatpipe_tests::spawn_app;
+use chatpipe_tests::{spawn_app, spawn_app_with};
 use sqlx::Connection;
 
-#[tokio::test]
-async fn health_readiness_and_metrics_answer_without_a_token() {
-    let app = spawn_app().await;
-    let anon = app.with_auth(None);
-    assert_eq!(anon.get("/healthz").await.expect(200)["status"], "ok");
-    assert_eq!(anon.get("/readyz").await.expect(200)["status"], "ready");
+/// The sum of the samples of `name` whose labels include every one of `labels`
+/// (`key="value"`), read from Prometheus text: HELP and TYPE lines do not count.
+fn sample(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let metric = series.split('{').next()?;
+            (metric == name && labels.iter().all(|l| series.contains(l)))
+                .then(|| value.parse::<f64>().ok())
+                .flatten()
+        })
+        .sum()
+}
 
-    let conv = app.user(10).create_group(&[20]).await;
-    app.user(10).send_message(conv, "counted").await;
-    let text = app
-        .http
+async fn metrics_text(app: &chatpipe_tests::TestApp) -> String {
+    app.http
         .get(format!("{}/metrics", app.base))
         .send()
         .await
         .unwrap()
         .text()
         .await
-        .unwrap();
-    for name in [
-        "http_requests_total",
-        "http_request_duration_seconds",
-        "messages_sent_total",
-        "outbox_events_written_total",
-        "db_pool_connections",
-        "db_pool_max_connections",
-    ] {
-        assert!(text.contains(name), "{name} missing from /metrics");
-    }
+        .unwrap()
+}
+
+#[tokio::test]
+async fn health_readiness_and_metrics_answer_without_a_token() {
+    let app = spawn_app_with(|s| s.database.max_connections = 7).await;
+    let anon = app.with_auth(None);
+    assert_eq!(anon.get("/healthz").await.expect(200)["status"], "ok");
+    assert_eq!(anon.get("/readyz").await.expect(200)["status"], "ready");
+
+    let conv = app.user(10).create_group(&[20]).await;
+    // Other tests in this process count too: compare before and after this one's send.
+    let before = metrics_text(&app).await;
+    app.user(10).send_message(conv, "counted").await;
+    let after = metrics_text(&app).await;
+    let grew =
+        |name: &str, labels: &[&str]| sample(&after, name, labels) - sample(&before, name, labels);
+    let send_route = [
+        "route=\"/conversations/{id}/messages\"",
+        "method=\"POST\"",
+        "status=\"201\"",
+    ];
+    assert!(grew("messages_sent_total", &[]) >= 1.0, "{after}");
+    assert!(grew("outbox_events_written_total", &[]) >= 1.0, "{after}");
     assert!(
-        text.contains("route=\"/conversations/{id}/messages\""),
-        "requests are labelled by route"
+        grew("http_requests_total", &send_route) >= 1.0,
+        "requests are counted by route, method and status: {after}"
     );
+    assert!(
+        grew("http_request_duration_seconds_count", &send_route[..2]) >= 1.0,
+        "and timed: {after}"
+    );
+    // The pool gauges are set from the pool that serves /metrics. Every app of this test
+    // process shares one recorder, so another test's scrape may land in between: read
+    // until this app's figures show (a deadline, not a sleep).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let text = metrics_text(&app).await;
+        let (max, open) = (
+            sample(&text, "db_pool_max_connections", &[]),
+            sample(&text, "db_pool_connections", &[]),
+        );
+        if max == 7.0 && (1.0..=7.0).contains(&open) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "db_pool_max_connections {max} (configured 7), db_pool_connections {open}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -53,6 +53,17 @@ async fn the_same_client_msg_id_with_another_body_is_a_conflict_and_writes_nothi
 
     assert_eq!(app.count("SELECT count(*) FROM message").await, 1);
     assert_eq!(app.count("SELECT last_seq FROM conversation").await, 1);
+    // No event either: the outbox holds only the first message's (this app keeps rows).
+    let sent: Vec<(i64, i64)> = app
+        .outbox_events()
+        .await
+        .iter()
+        .filter_map(|e| match e {
+            ChatEvent::MessageNew(m) => Some((m.conversation_id.get(), m.seq.get())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sent, vec![(conv, 1)], "only the first send wrote an event");
 }
 
 #[tokio::test]

@@ -124,6 +124,9 @@ async fn a_gateway_killed_and_restarted_loses_no_seq_for_its_clients() {
     let inbox = p.app.user(bob).get("/inbox").await.expect(200);
     let last_seq = inbox["conversations"][0]["lastSeq"].as_i64().unwrap();
     assert_eq!(last_seq, 6, "{inbox}");
+    // What each source gave, kept apart: a source that repeated or missed a seq shows.
+    let pushed_before: Vec<i64> = have.iter().copied().collect();
+    assert_eq!(pushed_before, vec![1, 2, 3]);
     let after = *have.last().unwrap();
     let page = p
         .app
@@ -133,10 +136,19 @@ async fn a_gateway_killed_and_restarted_loses_no_seq_for_its_clients() {
         ))
         .await
         .expect(200);
-    for m in page["messages"].as_array().unwrap() {
-        have.insert(m["seq"].as_i64().unwrap());
-    }
+    let caught_up: Vec<i64> = page["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["seq"].as_i64().unwrap())
+        .collect();
+    assert_eq!(
+        caught_up,
+        vec![4, 5, 6],
+        "the page brings what was sent while the gateway was down"
+    );
     fanout.wait_online(&[bob], PRESENCE_DEADLINE).await;
+    let mut pushed_after = Vec::new();
     for i in 7..=9 {
         let seq = p
             .app
@@ -144,18 +156,26 @@ async fn a_gateway_killed_and_restarted_loses_no_seq_for_its_clients() {
             .send_message(conversation, &format!("m{i}"))
             .await;
         let (_, earlier) = ws.until(PUSH_DEADLINE, is_message(conversation, seq)).await;
-        for f in earlier {
-            if let Some(s) = f["seq"].as_i64() {
-                have.insert(s);
-            }
-        }
-        have.insert(seq);
+        pushed_after.extend(
+            earlier
+                .iter()
+                .filter(|f| f["type"] == "message.new")
+                .filter_map(|f| f["seq"].as_i64()),
+        );
+        pushed_after.push(seq);
     }
     assert_eq!(
-        have,
-        (1..=9).collect::<BTreeSet<i64>>(),
-        "a seq went missing"
+        pushed_after,
+        vec![7, 8, 9],
+        "after the reconnect each new seq is pushed once, and nothing else"
     );
+    let all: BTreeSet<i64> = pushed_before
+        .iter()
+        .chain(&caught_up)
+        .chain(&pushed_after)
+        .copied()
+        .collect();
+    assert_eq!(all, (1..=9).collect(), "a seq went missing");
     gateway.kill().unwrap();
     gateway.wait().unwrap();
     p.cleanup().await;

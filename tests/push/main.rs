@@ -120,6 +120,32 @@ async fn a_1000_member_group_pushes_light_to_its_50_online_members_and_the_rest_
     fanout.wait_online(&online, PRESENCE_DEADLINE).await;
 
     let seq = p.app.user(sender).send_message(group, "big news").await;
+    // What fanout decided: light lists whose recipients are exactly those 50, once each.
+    let is_news = |d: &chatpipe_schemas::delivery::Delivery| {
+        d.event_type == "message.new"
+            && d.conversation_id.get() == group
+            && d.seq.map(|s| s.get()) == Some(seq)
+    };
+    let lists = p
+        .deliveries_until(PUSH_DEADLINE, |ls| {
+            ls.iter()
+                .filter(|d| is_news(d))
+                .map(|d| d.user_ids.len())
+                .sum::<usize>()
+                >= online.len()
+        })
+        .await;
+    let mut recipients: Vec<i64> = lists
+        .iter()
+        .filter(|d| is_news(d))
+        .inspect(|d| assert!(d.light && d.body.is_none(), "{d:?}"))
+        .flat_map(|d| d.user_ids.iter().map(|u| u.get()))
+        .collect();
+    recipients.sort_unstable();
+    assert_eq!(
+        recipients, online,
+        "the online members, each once, and no one else"
+    );
     for (user, ws) in &mut clients {
         let (frame, _) = ws.until(PUSH_DEADLINE, is_message(group, seq)).await;
         assert_eq!(frame["light"], true, "user {user}: {frame}");

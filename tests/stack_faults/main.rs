@@ -100,13 +100,16 @@ async fn kafka_connect_killed_with_sigkill_mid_stream_loses_no_event() {
         conversations.push(p.app.user(500 + i).create_group(&[1]).await);
     }
     // 1,000 messages, 100 per conversation, sent while Connect dies and comes back.
+    // `acked` counts the 201s, to show when the kill fell.
+    let acked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let sender = {
         let (base, http) = (p.app.base.clone(), p.app.http.clone());
+        let acked = acked.clone();
         let tokens: Vec<String> = (0..10).map(|i| p.app.token(500 + i)).collect();
         let conversations = conversations.clone();
         tokio::spawn(async move {
             let sends = conversations.into_iter().zip(tokens).map(|(conv, token)| {
-                let (base, http) = (base.clone(), http.clone());
+                let (base, http, acked) = (base.clone(), http.clone(), acked.clone());
                 async move {
                     for n in 0..100 {
                         let body =
@@ -119,7 +122,9 @@ async fn kafka_connect_killed_with_sigkill_mid_stream_loses_no_event() {
                             .await
                             .expect("send");
                         assert_eq!(res.status(), 201);
-                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        acked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        // Paced: the sends outlast Connect's restart.
+                        tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 }
             });
@@ -138,16 +143,27 @@ async fn kafka_connect_killed_with_sigkill_mid_stream_loses_no_event() {
         .unwrap();
     assert!(status.success(), "kill -9 {pid}");
     let killed_at = Instant::now();
+    let acked_at_kill = acked.load(std::sync::atomic::Ordering::SeqCst);
     eprintln!(
-        "killed Kafka Connect (pid {pid}) after {} messages had arrived",
+        "killed Kafka Connect (pid {pid}) after {} messages had arrived, {acked_at_kill} acknowledged",
         messages(&records).len()
+    );
+    assert!(
+        acked_at_kill < 1000,
+        "the kill fell mid-stream: sends were still going"
     );
 
     stack(&["start", "connect"]).await;
     wait_until_streaming(&p.connector, &p.slot).await;
+    let acked_when_back = acked.load(std::sync::atomic::Ordering::SeqCst);
     eprintln!(
-        "Kafka Connect streaming again {:.1} s after the kill",
-        killed_at.elapsed().as_secs_f64()
+        "Kafka Connect streaming again {:.1} s after the kill; {} sends committed meanwhile",
+        killed_at.elapsed().as_secs_f64(),
+        acked_when_back - acked_at_kill
+    );
+    assert!(
+        acked_when_back > acked_at_kill,
+        "messages were committed while Connect was down"
     );
     sender.await.expect("every send succeeded");
 

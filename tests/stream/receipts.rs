@@ -7,12 +7,17 @@ use chatpipe_schemas::receipt::{ReadReceipt, ReceiptCodec};
 use chatpipe_schemas::registry::Registry;
 use chatpipe_schemas::{ChatEvent, ConversationId, Seq, UserId};
 use chatpipe_tests::stream::{
-    dlq_records, produce_raw, spawn_pipeline_with, wait_until_consumed, Pipeline, Record,
+    dlq_records, produce_raw, spawn_pipeline_with, wait_for_partitions, wait_until_consumed,
+    Pipeline, Record,
 };
 use chatpipe_tests::{registry_url, TestApp};
 use ingest_api::configuration::ReadMode;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::json;
+
+/// A line of the flush's batched UPDATE (`chatpipe_core::watermark::advance`), as
+/// `pg_stat_statements` shows it.
+const FLUSH_STATEMENT: &str = "SET last_read_seq = LEAST(b.seq, c.last_seq)";
 
 async fn watermark(app: &TestApp, conv: i64, user: i64) -> i64 {
     sqlx::query_scalar(
@@ -146,6 +151,7 @@ async fn many_receipts_from_two_members_collapse_into_one_flush_with_each_ones_m
     for i in 0..150 {
         receipts.send(conv, 30, 1 + (i * 5) % 33).await;
     }
+    let flushes_before = p.app.statement_calls(FLUSH_STATEMENT).await;
     let settings = p.receipts_settings();
     let group = settings.receipts.group.clone();
     let processor = p.start_receipts(settings);
@@ -167,6 +173,12 @@ async fn many_receipts_from_two_members_collapse_into_one_flush_with_each_ones_m
             watermark(&p.app, conv, 30).await
         ),
         (37, 33)
+    );
+    // Counted by PostgreSQL: the processor ran the batched UPDATE exactly once.
+    assert_eq!(
+        p.app.statement_calls(FLUSH_STATEMENT).await - flushes_before,
+        1,
+        "350 receipts, one flush"
     );
     processor.stop().unwrap();
     p.cleanup().await;
@@ -359,6 +371,13 @@ async fn two_processors_one_stopped_lose_nothing_and_regress_nothing() {
     settings.outbox.delete_after_write = false;
     let mut a = Some(p.start_receipts(settings.clone()));
     let b = p.start_receipts(settings.clone());
+    // A rebalance needs two members: both hold some of the six partitions first.
+    wait_for_partitions(
+        &[&a.as_ref().unwrap().readiness, &b.readiness],
+        Duration::from_secs(60),
+        |held| !held.is_empty(),
+    )
+    .await;
     let receipts = Receipts::new(&p).await;
     let mut highest = std::collections::HashMap::new();
     for round in 0..60i64 {
@@ -377,9 +396,20 @@ async fn two_processors_one_stopped_lose_nothing_and_regress_nothing() {
         }
         if round == 25 {
             let leaving = a.take().expect("running");
+            let (theirs, ours) = (leaving.partitions(), b.partitions());
+            assert!(
+                !theirs.is_empty() && !ours.is_empty(),
+                "both hold partitions when one leaves: {theirs:?} and {ours:?}"
+            );
             leaving.stop().expect("the first processor leaves cleanly");
+            eprintln!("the processor holding {theirs:?} left; the other held {ours:?}");
         }
     }
+    // The one left takes over every partition.
+    wait_for_partitions(&[&b.readiness], Duration::from_secs(60), |held| {
+        held == [0, 1, 2, 3, 4, 5]
+    })
+    .await;
     wait_until_consumed(
         &settings.receipts.group,
         &p.receipts_topic,

@@ -254,6 +254,26 @@ impl TestApp {
             .expect(sql)
     }
 
+    /// How many times PostgreSQL ran statements whose text contains `fragment` in this
+    /// app's database, as `pg_stat_statements` counts them (statements are normalized:
+    /// literals become `$n`). The stack preloads the extension.
+    pub async fn statement_calls(&self, fragment: &str) -> i64 {
+        let mut conn = self.pool.acquire().await.expect("a connection");
+        sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            .execute(&mut *conn)
+            .await
+            .expect("pg_stat_statements is available: scripts/stack up preloads it");
+        sqlx::query_scalar(
+            "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements
+              WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+                AND strpos(query, $1) > 0",
+        )
+        .bind(fragment)
+        .fetch_one(&mut *conn)
+        .await
+        .expect("reading pg_stat_statements")
+    }
+
     /// `user`'s watermark in `conversation` as PostgreSQL has it; `None` for a non-member
     /// (or while the database is away).
     pub async fn watermark(&self, conversation: i64, user: i64) -> Option<i64> {

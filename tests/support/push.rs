@@ -95,6 +95,51 @@ impl Pipeline {
     }
 }
 
+impl Pipeline {
+    /// The fanout lists on this namespace's deliveries topic, read from the start, until
+    /// `done` says so (fails at the deadline with what it read). What fanout decided,
+    /// before any gateway or client.
+    pub async fn deliveries_until(
+        &self,
+        deadline: Duration,
+        mut done: impl FnMut(&[chatpipe_schemas::delivery::Delivery]) -> bool,
+    ) -> Vec<chatpipe_schemas::delivery::Delivery> {
+        use rdkafka::consumer::{Consumer, StreamConsumer};
+        use rdkafka::Message as _;
+        let topic = self.deliveries_topic();
+        let consumer: StreamConsumer = chatpipe_core::kafka::consumer_config(
+            &brokers(),
+            &format!("{topic}-read-{}", uuid::Uuid::new_v4()),
+        )
+        .create()
+        .expect("Kafka consumer");
+        consumer.subscribe(&[&topic]).expect("subscribe");
+        let registry = chatpipe_schemas::registry::Registry::new(&registry_url(), deadline)
+            .expect("registry client");
+        let until = tokio::time::Instant::now() + deadline;
+        let mut lists = Vec::new();
+        while !done(&lists) {
+            let m = tokio::time::timeout_at(until, consumer.recv())
+                .await
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "{} fanout lists on {topic} after {deadline:?}: {lists:?}",
+                        lists.len()
+                    )
+                })
+                .expect("consuming the deliveries topic");
+            let bytes = m.payload().expect("fanout lists have values");
+            let (id, _) = chatpipe_schemas::avro::split_frame(bytes).expect("framed Avro");
+            let writer = registry.writer_schema(id).await.expect("the writer schema");
+            lists.push(
+                chatpipe_schemas::delivery::Delivery::decode_with(&writer, bytes)
+                    .expect("a fanout list"),
+            );
+        }
+        lists
+    }
+}
+
 /// Waits until `topic` holds a tombstone (a record without a value) under `key`.
 pub async fn wait_for_tombstone(topic: &str, key: &str, deadline: Duration) {
     use rdkafka::consumer::{Consumer, StreamConsumer};

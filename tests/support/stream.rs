@@ -279,6 +279,43 @@ impl ReceiptsProcessor {
     pub fn is_running(&self) -> bool {
         self.thread.as_ref().is_some_and(|t| !t.is_finished())
     }
+
+    /// The partitions its readers hold now, as `/readyz` reports them.
+    pub fn partitions(&self) -> Vec<i32> {
+        held_partitions(&self.readiness)
+    }
+}
+
+/// The partitions the readers of a process hold, sorted.
+pub fn held_partitions(readiness: &pipeline::runtime::Readiness) -> Vec<i32> {
+    let mut held: Vec<i32> = readiness
+        .report()
+        .into_iter()
+        .flat_map(|r| r.partitions)
+        .collect();
+    held.sort_unstable();
+    held
+}
+
+/// Waits until `holds` is true of every process's partitions; fails at the deadline
+/// with what each held.
+pub async fn wait_for_partitions(
+    processes: &[&pipeline::runtime::Readiness],
+    deadline: Duration,
+    holds: impl Fn(&[i32]) -> bool,
+) {
+    let until = Instant::now() + deadline;
+    loop {
+        let held: Vec<Vec<i32>> = processes.iter().map(|r| held_partitions(r)).collect();
+        if held.iter().all(|h| holds(h)) {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "partitions held after {deadline:?}: {held:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 impl Drop for ReceiptsProcessor {

@@ -4,6 +4,7 @@
 //! outage) and it has made no progress for `stall_after`. A reader that is caught up
 //! and idle is fine, however long it has been idle.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -31,6 +32,8 @@ pub struct ReaderReport {
     /// client last saw them).
     pub lag: i64,
     pub ms_since_progress: u64,
+    /// The partitions the reader holds now.
+    pub partitions: Vec<i32>,
 }
 
 impl Readiness {
@@ -44,6 +47,7 @@ impl Readiness {
             last_poll_ms: AtomicU64::new(0),
             last_progress_ms: AtomicU64::new(0),
             lag: AtomicI64::new(0),
+            partitions: Mutex::default(),
             holding: Mutex::new(None),
             finished: AtomicBool::new(false),
         });
@@ -83,6 +87,7 @@ pub struct ReaderHealth {
     last_poll_ms: AtomicU64,
     last_progress_ms: AtomicU64,
     lag: AtomicI64,
+    partitions: Mutex<BTreeSet<i32>>,
     /// Since when, and why, the reader holds a record it cannot process yet.
     holding: Mutex<Option<(u64, String)>>,
     finished: AtomicBool,
@@ -110,6 +115,22 @@ impl ReaderHealth {
         if lag == 0 {
             // Caught up: nothing is waiting, so idling is not stalling.
             self.progressed();
+        }
+    }
+
+    /// Partitions given to the reader (by its group, or assigned by itself).
+    pub fn assigned(&self, partitions: &[i32]) {
+        self.partitions
+            .lock()
+            .expect("partitions lock")
+            .extend(partitions);
+    }
+
+    /// Partitions taken from the reader by a rebalance.
+    pub fn revoked(&self, partitions: &[i32]) {
+        let mut held = self.partitions.lock().expect("partitions lock");
+        for p in partitions {
+            held.remove(p);
         }
     }
 
@@ -157,6 +178,13 @@ impl ReaderHealth {
             reason,
             lag,
             ms_since_progress: since_progress,
+            partitions: self
+                .partitions
+                .lock()
+                .expect("partitions lock")
+                .iter()
+                .copied()
+                .collect(),
         }
     }
 }

@@ -254,6 +254,7 @@ impl<P: Processor> ConsumerContext for ReaderContext<P> {
         };
         let partitions: Vec<i32> = revoked.elements().iter().map(|e| e.partition()).collect();
         tracing::info!(reader = %self.shared.spec.name, ?partitions, "partitions revoked: finishing them first");
+        self.shared.health.revoked(&partitions);
         let released = {
             let mut processor = self.shared.processor();
             processor.revoke(&partitions);
@@ -288,6 +289,7 @@ impl<P: Processor> ConsumerContext for ReaderContext<P> {
         if let Rebalance::Assign(assigned) = rebalance {
             let partitions: Vec<i32> = assigned.elements().iter().map(|e| e.partition()).collect();
             tracing::info!(reader = %self.shared.spec.name, ?partitions, "partitions assigned");
+            self.shared.health.assigned(&partitions);
             self.shared.processor().assigned(&partitions);
             if self.shared.paused.load(Ordering::Relaxed) {
                 if let Err(err) = consumer.pause(assigned) {
@@ -568,6 +570,7 @@ impl<P: Processor> Reader<P> {
                     tpl.add_partition_offset(&spec.topic, *p, start)?;
                 }
                 self.consumer.assign(&tpl)?;
+                self.core.shared.health.assigned(&partitions);
                 self.core.shared.processor().assigned(&partitions);
                 Ok(())
             }
