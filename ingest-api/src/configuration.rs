@@ -75,6 +75,7 @@ pub struct DatabaseSettings {
     pub min_connections: u32,
     pub acquire_timeout_ms: u64,
     pub statement_timeout_ms: u64,
+    pub synchronous_commit: chatpipe_core::db::SynchronousCommit,
     pub migrate_on_start: bool,
 }
 

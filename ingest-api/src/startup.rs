@@ -149,16 +149,19 @@ impl Application {
     }
 }
 
-/// The bounded pool. Every connection caps each statement at `statement_timeout_ms`.
+/// The bounded pool. Every connection caps each statement at `statement_timeout_ms` and
+/// commits durably (`synchronous_commit`): a 201 is sent only after that COMMIT.
 pub async fn connect(db: &DatabaseSettings) -> anyhow::Result<PgPool> {
     let options: PgConnectOptions = db
         .url
         .expose_secret()
         .parse()
         .context("database.url (DATABASE_URL) is not a PostgreSQL URL")?;
-    let options = options
-        .application_name("ingest-api")
-        .options([("statement_timeout", db.statement_timeout_ms.to_string())]);
+    let options = db.synchronous_commit.apply(
+        options
+            .application_name("ingest-api")
+            .options([("statement_timeout", db.statement_timeout_ms.to_string())]),
+    );
     PgPoolOptions::new()
         .max_connections(db.max_connections)
         .min_connections(db.min_connections)

@@ -32,6 +32,7 @@ pub struct DatabaseSettings {
     pub url: String,
     pub max_connections: u32,
     pub acquire_timeout_ms: u64,
+    pub synchronous_commit: chatpipe_core::db::SynchronousCommit,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -105,7 +106,7 @@ impl DatabaseSettings {
     pub async fn connect(&self) -> anyhow::Result<sqlx::PgPool> {
         use anyhow::Context;
         self.pool_options()
-            .connect(&self.url)
+            .connect_with(self.connect_options()?)
             .await
             .context("connecting to PostgreSQL (database.url / DATABASE_URL)")
     }
@@ -113,10 +114,22 @@ impl DatabaseSettings {
     /// The same pool, connecting on first use: PostgreSQL being down at start is then a
     /// finding of the caller's, not a reason to exit.
     pub fn connect_lazy(&self) -> anyhow::Result<sqlx::PgPool> {
+        Ok(self
+            .pool_options()
+            .connect_lazy_with(self.connect_options()?))
+    }
+
+    /// Every connection commits durably: the receipts processor commits its offsets
+    /// after a flush's COMMIT, so a flush lost in a crash would never be replayed.
+    fn connect_options(&self) -> anyhow::Result<sqlx::postgres::PgConnectOptions> {
         use anyhow::Context;
-        self.pool_options()
-            .connect_lazy(&self.url)
-            .context("database.url / DATABASE_URL is not a PostgreSQL URL")
+        let options: sqlx::postgres::PgConnectOptions = self
+            .url
+            .parse()
+            .context("database.url / DATABASE_URL is not a PostgreSQL URL")?;
+        Ok(self
+            .synchronous_commit
+            .apply(options.application_name("pipeline")))
     }
 
     fn pool_options(&self) -> sqlx::postgres::PgPoolOptions {

@@ -2,6 +2,7 @@
 
 mod auth;
 mod bad_input;
+mod bounds;
 mod conversations;
 mod inbox;
 mod operations;

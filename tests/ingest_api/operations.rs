@@ -101,3 +101,57 @@ async fn readiness_fails_when_the_database_is_gone() {
     let problem = app.with_auth(None).get("/readyz").await.problem(503);
     assert_eq!(problem["type"], "/problems/not-ready");
 }
+
+/// Invariant 3, the durable ack: every connection of the API's pool commits with
+/// `synchronous_commit = on`, even in a database whose default is `off`, and a
+/// configuration asking for `off` is refused.
+#[tokio::test]
+async fn every_connection_commits_durably_even_where_the_database_default_is_off() {
+    let url = chatpipe_tests::fresh_database().await;
+    let db = url.rsplit('/').next().unwrap().to_owned();
+    let mut admin = sqlx::PgConnection::connect(&chatpipe_tests::server_url())
+        .await
+        .unwrap();
+    sqlx::query(&format!(
+        "ALTER DATABASE \"{db}\" SET synchronous_commit = off"
+    ))
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    let mut plain = sqlx::PgConnection::connect(&url).await.unwrap();
+    let default: String = sqlx::query_scalar("SHOW synchronous_commit")
+        .fetch_one(&mut plain)
+        .await
+        .unwrap();
+    assert_eq!(default, "off", "the database's own default is off");
+
+    let mut settings =
+        ingest_api::configuration::Settings::defaults_with_secret(chatpipe_tests::JWT_SECRET);
+    settings.database.url = url.clone().into();
+    settings.database.min_connections = 3;
+    // The pool Application::build serves requests from.
+    let pool = ingest_api::startup::connect(&settings.database)
+        .await
+        .unwrap();
+    let mut sessions = Vec::new();
+    for _ in 0..3 {
+        sessions.push(pool.acquire().await.unwrap());
+    }
+    for conn in &mut sessions {
+        let level: String = sqlx::query_scalar("SHOW synchronous_commit")
+            .fetch_one(&mut **conn)
+            .await
+            .unwrap();
+        assert_eq!(level, "on");
+    }
+
+    let file = std::env::temp_dir().join(format!("sync-off-{}.toml", uuid::Uuid::new_v4()));
+    std::fs::write(&file, "[database]\nsynchronous_commit = \"off\"\n").unwrap();
+    let refused = ingest_api::configuration::Settings::load(Some(&file))
+        .expect_err("synchronous_commit = off is refused");
+    std::fs::remove_file(&file).unwrap();
+    assert!(
+        refused.to_string().contains("synchronous_commit"),
+        "the error names the key: {refused}"
+    );
+}

@@ -308,3 +308,65 @@ async fn a_standard_confluent_deserializer_in_python_reads_chat_events() {
     assert_eq!(lines[3]["key"], conv.to_string());
     p.cleanup().await;
 }
+
+/// Invariant 2's other half: a send whose transaction rolls back writes no event. Here
+/// the rollback comes at COMMIT, after the message, its seq and its outbox row were
+/// written (a deferred check refuses the body "doomed"): PostgreSQL counts the send
+/// statement, yet nothing reaches chat.events, and the next send takes the same seq.
+#[tokio::test]
+async fn a_send_rolled_back_at_commit_leaves_no_event_and_no_gap() {
+    let p = spawn_pipeline().await;
+    let conv = p.app.user(1).create_group(&[2]).await;
+    for ddl in [
+        "CREATE FUNCTION refuse_doomed() RETURNS trigger LANGUAGE plpgsql AS
+           $$ BEGIN RAISE EXCEPTION 'refused at commit'; END $$",
+        "CREATE CONSTRAINT TRIGGER refuse_doomed AFTER INSERT ON message
+           DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+           WHEN (NEW.body = 'doomed') EXECUTE FUNCTION refuse_doomed()",
+    ] {
+        sqlx::query(ddl).execute(&p.app.pool).await.unwrap();
+    }
+    let send_statement =
+        "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES ($7";
+    let sends_before = p.app.statement_calls(send_statement).await;
+    let problem = p
+        .app
+        .user(1)
+        .post(
+            &format!("/conversations/{conv}/messages"),
+            serde_json::json!({"clientMsgId": uuid::Uuid::new_v4(), "body": "doomed"}),
+        )
+        .await
+        .problem(500);
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("changed nothing"),
+        "{problem}"
+    );
+    assert_eq!(
+        p.app.statement_calls(send_statement).await - sends_before,
+        1,
+        "the message and its event were written before the COMMIT failed"
+    );
+    assert_eq!(p.app.count("SELECT count(*) FROM message").await, 0);
+    assert_eq!(p.app.count("SELECT last_seq FROM conversation").await, 0);
+
+    let seq = p.app.user(1).send_message(conv, "after").await;
+    assert_eq!(seq, 1, "the rolled-back seq is taken again: no gap");
+    let records = p
+        .consume_until(Duration::from_secs(30), |rs| {
+            message_seqs(rs).get(&conv).is_some_and(|s| s.contains(&1))
+        })
+        .await;
+    let bodies: Vec<String> = records
+        .iter()
+        .filter_map(|r| match &r.event {
+            ChatEvent::MessageNew(m) if m.conversation_id.get() == conv => Some(m.body.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(bodies, vec!["after"], "no event of the rolled-back send");
+    p.cleanup().await;
+}
