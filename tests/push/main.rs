@@ -2,6 +2,7 @@
 //! fanout (members + presence) -> chat.deliveries -> gateway -> a real WebSocket client.
 
 mod bad_records;
+mod fanout;
 mod gateway_restart;
 mod membership;
 mod slow_client;
@@ -9,7 +10,7 @@ mod slow_client;
 use std::time::Duration;
 
 use chatpipe_tests::push::Seen;
-use chatpipe_tests::stream::spawn_pipeline;
+use chatpipe_tests::stream::{spawn_pipeline, spawn_pipeline_with};
 use serde_json::Value;
 
 /// How long a push may take end to end before a test gives up (CDC included).
@@ -64,6 +65,53 @@ async fn a_message_reaches_the_other_member_and_a_read_reaches_the_senders_devic
         assert_eq!(read["userId"], bob);
         assert_eq!(read["lastReadSeq"], seq);
     }
+    gw.stop().await.unwrap();
+    p.cleanup().await;
+}
+
+/// The default read path end to end: POST /read answers 202, the receipts processor
+/// moves the watermark in a batched flush and writes read.updated, CDC carries it, and
+/// fanout pushes it to the sender's devices.
+#[tokio::test]
+async fn a_read_through_the_receipts_processor_reaches_the_senders_devices() {
+    let p = spawn_pipeline_with(ingest_api::configuration::ReadMode::Stream).await;
+    let receipts = p.start_receipts(p.receipts_settings());
+    let fanout = p.start_fanout(p.fanout_settings());
+    let gw = p.start_gateway(p.gateway_settings("gw", 0)).await;
+    let (alice, bob) = (1, 2);
+    let conversation = p.app.user(alice).create_group(&[bob]).await;
+    let mut alice_phone = p.connect(&gw.url, alice).await;
+    let mut alice_laptop = p.connect(&gw.url, alice).await;
+    fanout.wait_online(&[alice], PRESENCE_DEADLINE).await;
+    let mut seq = 0;
+    for i in 0..3 {
+        seq = p
+            .app
+            .user(alice)
+            .send_message(conversation, &format!("m{i}"))
+            .await;
+    }
+
+    let accepted = p
+        .app
+        .user(bob)
+        .post(
+            &format!("/conversations/{conversation}/read"),
+            serde_json::json!({"seq": seq}),
+        )
+        .await
+        .expect(202);
+    assert_eq!(accepted["acceptedSeq"], seq);
+    for device in [&mut alice_phone, &mut alice_laptop] {
+        let (read, _) = device
+            .until(PUSH_DEADLINE, |f| f["type"] == "read.updated")
+            .await;
+        assert_eq!(read["conversationId"], conversation);
+        assert_eq!(read["userId"], bob);
+        assert_eq!(read["lastReadSeq"], seq);
+    }
+    assert_eq!(p.app.watermark(conversation, bob).await, Some(seq));
+    assert!(receipts.is_running());
     gw.stop().await.unwrap();
     p.cleanup().await;
 }

@@ -94,3 +94,73 @@ async fn a_conversation_past_retention_is_loaded_from_postgres_once() {
     gw.stop().await.unwrap();
     p.cleanup().await;
 }
+
+/// Membership changed while everyone is online, end to end through fanout: a member
+/// removed gets nothing after `member.left`, and one added gets what follows
+/// `member.joined`, and nothing from before.
+#[tokio::test]
+async fn a_member_removed_while_online_stops_at_member_left_and_one_added_starts_at_member_joined()
+{
+    let p = spawn_pipeline().await;
+    let fanout = p.start_fanout(p.fanout_settings());
+    let gw = p.start_gateway(p.gateway_settings("gw", 0)).await;
+    let (alice, bob, carol, dave) = (1, 2, 3, 4);
+    let group = p.app.user(alice).create_group(&[bob, carol]).await;
+    let mut bob_ws = p.connect(&gw.url, bob).await;
+    let mut carol_ws = p.connect(&gw.url, carol).await;
+    let mut dave_ws = p.connect(&gw.url, dave).await;
+    fanout
+        .wait_online(&[bob, carol, dave], PRESENCE_DEADLINE)
+        .await;
+
+    let first = p.app.user(alice).send_message(group, "all of us").await;
+    bob_ws.until(PUSH_DEADLINE, is_message(group, first)).await;
+    carol_ws
+        .until(PUSH_DEADLINE, is_message(group, first))
+        .await;
+
+    p.app
+        .user(alice)
+        .delete(&format!("/conversations/{group}/members/{bob}"))
+        .await
+        .expect(204);
+    let without_bob = p.app.user(alice).send_message(group, "bob left").await;
+    carol_ws
+        .until(PUSH_DEADLINE, is_message(group, without_bob))
+        .await;
+
+    p.app
+        .user(alice)
+        .post(
+            &format!("/conversations/{group}/members"),
+            serde_json::json!({"userIds": [dave]}),
+        )
+        .await
+        .expect(200);
+    let with_dave = p.app.user(alice).send_message(group, "dave joined").await;
+    carol_ws
+        .until(PUSH_DEADLINE, is_message(group, with_dave))
+        .await;
+    let (frame, before) = dave_ws
+        .until(PUSH_DEADLINE, is_message(group, with_dave))
+        .await;
+    assert_eq!(frame["body"], "dave joined");
+    assert!(
+        before.iter().all(|f| f["conversationId"] != group),
+        "dave got the group's pushes from before he joined: {before:?}"
+    );
+
+    // Whatever bob was sent about the group after he left would reach him before a
+    // marker sent now (one deliveries partition, read in order).
+    let marker = p.app.user(alice).create_group(&[bob]).await;
+    let marker_seq = p.app.user(alice).send_message(marker, "marker").await;
+    let (_, since_left) = bob_ws
+        .until(PUSH_DEADLINE, is_message(marker, marker_seq))
+        .await;
+    assert!(
+        since_left.iter().all(|f| f["conversationId"] != group),
+        "bob got the group's pushes after he left: {since_left:?}"
+    );
+    gw.stop().await.unwrap();
+    p.cleanup().await;
+}

@@ -374,6 +374,7 @@ async fn two_processors_one_stopped_lose_nothing_and_regress_nothing() {
     // A rebalance needs two members: both hold some of the six partitions first.
     wait_for_partitions(
         &[&a.as_ref().unwrap().readiness, &b.readiness],
+        "receipts",
         Duration::from_secs(60),
         |held| !held.is_empty(),
     )
@@ -406,9 +407,12 @@ async fn two_processors_one_stopped_lose_nothing_and_regress_nothing() {
         }
     }
     // The one left takes over every partition.
-    wait_for_partitions(&[&b.readiness], Duration::from_secs(60), |held| {
-        held == [0, 1, 2, 3, 4, 5]
-    })
+    wait_for_partitions(
+        &[&b.readiness],
+        "receipts",
+        Duration::from_secs(60),
+        |held| held == [0, 1, 2, 3, 4, 5],
+    )
     .await;
     wait_until_consumed(
         &settings.receipts.group,

@@ -282,31 +282,37 @@ impl ReceiptsProcessor {
 
     /// The partitions its readers hold now, as `/readyz` reports them.
     pub fn partitions(&self) -> Vec<i32> {
-        held_partitions(&self.readiness)
+        held_partitions(&self.readiness, "receipts")
     }
 }
 
-/// The partitions the readers of a process hold, sorted.
-pub fn held_partitions(readiness: &pipeline::runtime::Readiness) -> Vec<i32> {
+/// The partitions held by the readers of a process whose names start with `readers`
+/// (`receipts`, `fanout-events`), sorted.
+pub fn held_partitions(readiness: &pipeline::runtime::Readiness, readers: &str) -> Vec<i32> {
     let mut held: Vec<i32> = readiness
         .report()
         .into_iter()
+        .filter(|r| r.reader.starts_with(readers))
         .flat_map(|r| r.partitions)
         .collect();
     held.sort_unstable();
     held
 }
 
-/// Waits until `holds` is true of every process's partitions; fails at the deadline
-/// with what each held.
+/// Waits until `holds` is true of the partitions every process's `readers` hold; fails
+/// at the deadline with what each held.
 pub async fn wait_for_partitions(
     processes: &[&pipeline::runtime::Readiness],
+    readers: &str,
     deadline: Duration,
     holds: impl Fn(&[i32]) -> bool,
 ) {
     let until = Instant::now() + deadline;
     loop {
-        let held: Vec<Vec<i32>> = processes.iter().map(|r| held_partitions(r)).collect();
+        let held: Vec<Vec<i32>> = processes
+            .iter()
+            .map(|r| held_partitions(r, readers))
+            .collect();
         if held.iter().all(|h| holds(h)) {
             return;
         }
