@@ -130,6 +130,11 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     settings.http.addr = "127.0.0.1:0".parse().unwrap();
     settings.database.url = SecretString::from(url.clone());
     settings.database.max_connections = 20;
+    // Correctness tests send dozens of requests at once into one row lock while the
+    // whole suite runs on a few cores: generous waits keep them from failing on a
+    // latency bound. `tests/ingest_api/bounds.rs` sets the bounds low to test them.
+    settings.database.acquire_timeout_ms = 20_000;
+    settings.http.request_timeout_ms = 30_000;
     settings.registry.url = registry_url();
     settings.outbox.delete_after_write = false;
     // The REST suite tests the direct read path; stream tests switch to the stream.
