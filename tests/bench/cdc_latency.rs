@@ -128,7 +128,7 @@ async fn run(
     let ms = |q: f64| latency.value_at_quantile(q) as f64 / 1000.0;
     println!(
         "run {} commit -> chat.events over {} messages: p50 {:.1} ms  p90 {:.1} ms  p99 {:.1} ms  max {:.1} ms \
-         ({:.0} messages/s, one at a time; PostgreSQL: {} messages inserted, {} transactions)",
+         ({:.0} messages/s, one at a time; PostgreSQL: {} messages inserted, {} transactions{})",
         r + 1,
         args.messages,
         ms(0.5),
@@ -138,6 +138,7 @@ async fn run(
         args.messages as f64 / one_by_one.as_secs_f64(),
         single_db.table("message").inserted,
         single_db.commits,
+        single_db.caveat(),
     );
     for (name, q) in [("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0)] {
         runs.record(&format!("latency_{name}_ms"), ms(q));
@@ -231,10 +232,11 @@ async fn run(
         drain.as_secs_f64() * 1000.0
     );
     println!(
-        "    PostgreSQL: {} messages inserted, {} outbox rows, {} transactions; Kafka: {} records appended to {} (offsets, anyone's)",
+        "    PostgreSQL: {} messages inserted, {} outbox rows, {} transactions{}; Kafka: {} records appended to {} (offsets, anyone's)",
         burst_db.table("message").inserted,
         burst_db.table("outbox").inserted,
         burst_db.commits,
+        burst_db.caveat(),
         records_after - records_before,
         args.topic,
     );

@@ -331,13 +331,14 @@ async fn main() -> anyhow::Result<()> {
         duplicates
     );
     println!(
-        "Kafka: {} records appended to {}, {} to {} (offsets, anyone's); PostgreSQL: {} messages inserted, {} transactions",
+        "Kafka: {} records appended to {}, {} to {} (offsets, anyone's); PostgreSQL: {} messages inserted, {} transactions{}",
         events_after - events_before,
         args.topic,
         deliveries_after - deliveries_before,
         args.deliveries_topic,
         db.table("message").inserted,
         db.commits,
+        db.caveat(),
     );
     println!(
         "baseline  commit -> chat.events:      p50 {:6.1} ms  p99 {:6.1} ms  ({} records)",

@@ -171,8 +171,11 @@ async fn main() -> anyhow::Result<()> {
         let (stream, baseline) = (find(Path::Stream), find(Path::Baseline));
         let speedup = baseline.converged.as_secs_f64() / stream.converged.as_secs_f64();
         println!(
-            "run {}: stream converges {speedup:.2}x faster than one UPDATE per receipt ({} first)",
+            "run {}: every watermark final after {:.2} s (stream) vs {:.2} s (baseline): \
+             stream speedup {speedup:.2}x ({} ran first)",
             r + 1,
+            stream.converged.as_secs_f64(),
+            baseline.converged.as_secs_f64(),
             order[0].name()
         );
         for p in [stream, baseline] {
@@ -249,7 +252,7 @@ fn print_phase(p: &Phase, args: &Args, run: usize) {
     println!(
         "    PostgreSQL: {} UPDATE conversation_member statements, {} watermark rows updated, \
          {} member reads, {} transactions committed + {} rolled back, {} statements; \
-         Kafka: {} receipts produced, {} consumed; {} read.updated",
+         Kafka: {} receipts produced, {} consumed; {} read.updated{}",
         p.update_statements(),
         p.rows_updated(),
         p.member_reads(),
@@ -259,6 +262,7 @@ fn print_phase(p: &Phase, args: &Args, run: usize) {
         p.records_produced,
         p.records_consumed,
         p.read_updated_events,
+        p.db.caveat(),
     );
 }
 

@@ -129,7 +129,7 @@ async fn main() -> anyhow::Result<()> {
             let q = |x: f64| phase.latency_us.value_at_quantile(x) as f64 / 1000.0;
             println!(
                 "run {} {:<7} {:>8.0} sends/s ({requested})  p50 {:>6.2} ms  p99 {:>6.2} ms  ({} sends, {} errors, {} senders); \
-                 PostgreSQL: {} messages inserted, {} transactions, {} statements",
+                 PostgreSQL: {} messages inserted, {} transactions, {} statements{}",
                 r + 1,
                 phase.name,
                 phase.per_second(),
@@ -141,6 +141,7 @@ async fn main() -> anyhow::Result<()> {
                 phase.db.table("message").inserted,
                 phase.db.commits,
                 phase.db.statement_calls(),
+                phase.db.caveat(),
             );
             runs.record(&format!("{name}.sends_per_s"), phase.per_second());
             runs.record(&format!("{name}.p50_ms"), q(0.5));
