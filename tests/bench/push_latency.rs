@@ -12,15 +12,24 @@
 //! notes commit (the 201) -> frame read by the client. The baseline, measured in the same
 //! run, is commit -> the record on chat.events (the CDC leg every consumer pays): the
 //! ratio says what fanout and the gateway add.
+//!
+//! Delivery is checked as sets of (user, conversation, seq): every member of a message's
+//! conversation is online, so each must get exactly one frame. A missing frame or a frame
+//! to a user who should not get it fails the run (non-zero exit, with a sample);
+//! duplicates are counted and reported. Rows and transactions are PostgreSQL's counts
+//! (see `pgstats`, from `--database`), records are Kafka's (end offsets).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use chatpipe_core::auth::TokenKeys;
 use chatpipe_core::UserId;
-use chatpipe_tests::bench::{create_direct, create_group, send, start_event_reader, Arrivals};
+use chatpipe_tests::bench::{
+    create_direct, create_group, machine, records_on, send, start_event_reader, Arrivals,
+};
+use chatpipe_tests::pgstats::PgArgs;
 use clap::Parser;
 use futures::StreamExt;
 use hdrhistogram::Histogram;
@@ -47,8 +56,13 @@ struct Args {
     secret_file: String,
     #[command(flatten)]
     stack: chatpipe_tests::bench::StackArgs,
+    #[command(flatten)]
+    pg: PgArgs,
     #[arg(long, default_value = "chat.events")]
     topic: String,
+    /// Where fanout writes its per-gateway lists (records counted from its offsets).
+    #[arg(long, default_value = "chat.deliveries")]
+    deliveries_topic: String,
     #[arg(long, default_value_t = 5000)]
     connections: usize,
     #[arg(long, default_value_t = 200)]
@@ -72,10 +86,12 @@ struct Conversation {
     members: Vec<i64>,
 }
 
-/// Every frame the clients read: (conversation, seq, when).
-type Frames = Arc<Mutex<Vec<(i64, i64, Instant)>>>;
-/// Every message sent: (conversation, seq) -> (its 201, its kind, its members).
-type Sent = Arc<Mutex<HashMap<(i64, i64), (Instant, Kind, usize)>>>;
+/// Every frame the clients read: (user, conversation, seq, when).
+type Frames = Arc<Mutex<Vec<(i64, i64, i64, Instant)>>>;
+/// Every message sent: (conversation, seq) -> (its 201, index of its conversation).
+type Sent = Arc<Mutex<HashMap<(i64, i64), (Instant, usize)>>>;
+/// (user, conversation, seq): one frame a user should get, or got.
+type Delivery = (i64, i64, i64);
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -99,7 +115,8 @@ async fn main() -> anyhow::Result<()> {
     let started = Instant::now();
     let clients: Vec<_> = futures::stream::iter(users.iter().map(|u| {
         let (url, token, frames) = (args.gateway.clone(), token(*u), frames.clone());
-        async move { connect(&url, &token, frames).await }
+        let user = *u;
+        async move { connect(&url, &token, user, frames).await }
     }))
     .buffer_unordered(200)
     .collect::<Vec<_>>()
@@ -168,6 +185,17 @@ async fn main() -> anyhow::Result<()> {
         arrivals.clone(),
     )
     .await?;
+    let mut stats = args.pg.connect().await?;
+    let before = args.pg.settled(&mut stats).await?;
+    let offsets = || -> anyhow::Result<(i64, i64)> {
+        tokio::task::block_in_place(|| {
+            Ok((
+                records_on(&args.stack.brokers, &args.topic)?,
+                records_on(&args.stack.brokers, &args.deliveries_topic)?,
+            ))
+        })
+    };
+    let (events_before, deliveries_before) = offsets()?;
     let conversations = Arc::new(conversations);
     let sent: Sent = Arc::default();
     let total = args.rate * args.seconds;
@@ -175,6 +203,7 @@ async fn main() -> anyhow::Result<()> {
     let limit = Arc::new(tokio::sync::Semaphore::new(64));
     let mut tasks = Vec::new();
     let mut rng = rand::rng();
+    let sending = Instant::now();
     for _ in 0..total {
         ticker.tick().await;
         let roll: f64 = rng.random();
@@ -197,59 +226,119 @@ async fn main() -> anyhow::Result<()> {
         );
         tasks.push(tokio::spawn(async move {
             let _permit = permit;
-            let c = &convs[i];
-            let (seq, at) = send(&http, &base, &token, c.id).await?;
-            sent.lock()
-                .unwrap()
-                .insert((c.id, seq), (at, c.kind, c.members.len()));
+            let (seq, at) = send(&http, &base, &token, convs[i].id).await?;
+            sent.lock().unwrap().insert((convs[i].id, seq), (at, i));
             anyhow::Ok(())
         }));
     }
     for t in tasks {
         t.await??;
     }
-    let sending_s = started.elapsed().as_secs_f64();
-    let expected: usize = sent.lock().unwrap().values().map(|(_, _, n)| n).sum();
-    let _ = poll(Duration::from_secs(30), || async {
-        Ok(frames.lock().unwrap().len() >= expected)
-    })
-    .await;
-    reader.abort();
+    // From the first tick to the last 201.
+    let sending_s = sending.elapsed().as_secs_f64();
 
-    // Results.
+    // Expected: every member of each message's conversation (all of them are connected,
+    // and fanout pushes to the sender's devices too), once.
+    let expected: HashSet<Delivery> = sent
+        .lock()
+        .unwrap()
+        .iter()
+        .flat_map(|(&(conv, seq), &(_, i))| {
+            conversations[i]
+                .members
+                .iter()
+                .map(move |&user| (user, conv, seq))
+        })
+        .collect();
+    // Waits for each expected frame, looking only at frames read since the last look.
+    let mut waiting = expected.clone();
+    let mut looked = 0;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        {
+            let frames = frames.lock().unwrap();
+            for &(user, conv, seq, _) in &frames[looked..] {
+                waiting.remove(&(user, conv, seq));
+            }
+            looked = frames.len();
+        }
+        if waiting.is_empty() || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let all_arrived = waiting.is_empty();
+    if !all_arrived {
+        println!(
+            "{} expected frames still missing 30 s after the last send",
+            waiting.len()
+        );
+    }
+    reader.abort();
+    let (events_after, deliveries_after) = offsets()?;
+    let db = args.pg.settled(&mut stats).await?.since(&before);
+
+    // Results: the first frame of each (user, conversation, seq) counts; any further one
+    // is a duplicate.
     let arrivals = arrivals.lock().await.clone();
     let sent = sent.lock().unwrap();
     let frames = frames.lock().unwrap();
+    let mut received: HashSet<Delivery> = HashSet::new();
+    let mut duplicates = 0usize;
     let mut push: HashMap<Option<Kind>, Histogram<u64>> = HashMap::new();
-    let mut received = 0usize;
-    for (conv, seq, at) in frames.iter() {
-        if let Some((committed, kind, _)) = sent.get(&(*conv, *seq)) {
-            received += 1;
-            let micros = at.saturating_duration_since(*committed).as_micros().max(1) as u64;
-            for key in [None, Some(*kind)] {
-                push.entry(key)
-                    .or_insert_with(|| Histogram::new_with_bounds(1, 600_000_000, 3).unwrap())
-                    .record(micros)?;
-            }
+    for &(user, conv, seq, at) in frames.iter() {
+        if !received.insert((user, conv, seq)) {
+            duplicates += 1;
+            continue;
+        }
+        if !expected.contains(&(user, conv, seq)) {
+            continue;
+        }
+        let (committed, i) = sent[&(conv, seq)];
+        let micros = at.saturating_duration_since(committed).as_micros().max(1) as u64;
+        for key in [None, Some(conversations[i].kind)] {
+            push.entry(key)
+                .or_insert_with(|| Histogram::new_with_bounds(1, 600_000_000, 3).unwrap())
+                .record(micros)?;
         }
     }
+    let mut lost: Vec<Delivery> = expected.difference(&received).copied().collect();
+    let mut wrong: Vec<Delivery> = received.difference(&expected).copied().collect();
+    lost.sort_unstable();
+    wrong.sort_unstable();
     let mut topic = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
-    for (key, (committed, _, _)) in sent.iter() {
+    for (key, (committed, _)) in sent.iter() {
         if let Some(at) = arrivals.get(key) {
             topic.record(at.saturating_duration_since(*committed).as_micros().max(1) as u64)?;
         }
     }
     let rss_after = rss_kib(pid)?;
     let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
-    let all = push.get(&None).context("no frame arrived")?;
+    let empty = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
+    let all = push.get(&None).unwrap_or(&empty);
+    let achieved = sent.len() as f64 / sending_s;
     println!(
-        "{} messages at {}/s over {:.1} s; {} of {} expected frames arrived ({} lost)",
+        "{} messages in {sending_s:.1} s: {achieved:.1} msg/s achieved, {} msg/s requested",
         sent.len(),
         args.rate,
-        sending_s,
-        received,
-        expected,
-        expected.saturating_sub(received)
+    );
+    println!(
+        "frames (user, conversation, seq): {} expected, {} received, {} lost, {} to the wrong user, {} duplicates",
+        expected.len(),
+        received.len() - wrong.len(),
+        lost.len(),
+        wrong.len(),
+        duplicates
+    );
+    println!(
+        "Kafka: {} records appended to {}, {} to {} (offsets, anyone's); PostgreSQL: {} messages inserted, {} transactions{}",
+        events_after - events_before,
+        args.topic,
+        deliveries_after - deliveries_before,
+        args.deliveries_topic,
+        db.table("message").inserted,
+        db.commits,
+        db.caveat(),
     );
     println!(
         "baseline  commit -> chat.events:      p50 {:6.1} ms  p99 {:6.1} ms  ({} records)",
@@ -283,32 +372,51 @@ async fn main() -> anyhow::Result<()> {
         "gateway RSS after traffic: {:.1} MiB",
         rss_after as f64 / 1024.0
     );
+    let sample = |v: &[Delivery]| v.iter().take(10).copied().collect::<Vec<_>>();
     let report = json!({
         "benchmark": "push-latency",
+        "machine": machine(),
         "connections": args.connections,
         "connect_s": connect_s,
         "gateway_rss_kib": {"before": rss_before, "idle": rss_idle, "after_traffic": rss_after},
         "kib_per_idle_connection": per_connection_kib,
-        "messages": sent.len(), "rate": args.rate,
-        "frames": {"expected": expected, "received": received},
+        "messages": sent.len(), "rate": args.rate, "achieved_rate": achieved, "sending_s": sending_s,
+        "frames": {
+            "expected": expected.len(), "received": received.len() - wrong.len(),
+            "lost": lost.len(), "wrong_user": wrong.len(), "duplicates": duplicates,
+            "all_arrived_within_30s_of_last_send": all_arrived,
+            "lost_sample": sample(&lost), "wrong_user_sample": sample(&wrong),
+        },
+        "kafka_records": {"events": events_after - events_before, "deliveries": deliveries_after - deliveries_before},
+        "postgres": db.json(),
         "baseline_commit_to_topic_ms": {"p50": ms(&topic, 0.5), "p99": ms(&topic, 0.99)},
         "push_commit_to_frame_ms": {"p50": ms(all, 0.5), "p99": ms(all, 0.99), "max": all.max() as f64 / 1000.0},
         "ratio_p50": ms(all, 0.5) / ms(&topic, 0.5),
         "ratio_p99": ms(all, 0.99) / ms(&topic, 0.99),
-        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
     });
     if let Some(dir) = std::path::Path::new(&args.out).parent() {
         std::fs::create_dir_all(dir)?;
     }
     std::fs::write(&args.out, serde_json::to_vec_pretty(&report)?)?;
     drop(clients);
+    if !lost.is_empty() || !wrong.is_empty() {
+        bail!(
+            "delivery failed: {} lost, e.g. (user, conversation, seq) {:?}; \
+             {} to the wrong user, e.g. {:?}",
+            lost.len(),
+            sample(&lost),
+            wrong.len(),
+            sample(&wrong)
+        );
+    }
     Ok(())
 }
 
-/// Connects one client whose task notes every message.new frame it reads.
+/// Connects `user`'s client, whose task notes every message.new frame it reads.
 async fn connect(
     url: &str,
     token: &str,
+    user: i64,
     frames: Frames,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let mut ws = gateway::client::connect(url, token)
@@ -324,7 +432,7 @@ async fn connect(
                 };
                 if v["type"] == "message.new" {
                     if let (Some(c), Some(s)) = (v["conversationId"].as_i64(), v["seq"].as_i64()) {
-                        frames.lock().unwrap().push((c, s, at));
+                        frames.lock().unwrap().push((user, c, s, at));
                     }
                 }
             }

@@ -1,28 +1,38 @@
 //! Read storm: a 1,000-member group and 10,000 1:1 conversations whose members send many
-//! receipts within seconds. The stream path (Kafka -> receipts aggregator -> one batched
-//! UPDATE per window) against the article's path (one guarded UPDATE per receipt, the
-//! baseline), in the same run, on the same data. A measurement, not a test.
+//! receipts within seconds, as real `POST /conversations/{id}/read` requests to an
+//! ingest-api started in this process. The stream path (stream mode: the route reads the
+//! member's position, then the receipt goes to Kafka and the receipts processor applies it
+//! in batched UPDATEs) against the article's path (direct mode: one guarded UPDATE per
+//! receipt, the baseline). Both paths pay the route's own per-receipt work. A
+//! measurement, not a test.
 //!
-//!   eval "$(scripts/stack env)"; target/release/read-storm [--receipts 100000]
+//!   eval "$(scripts/stack env)"; target/release/read-storm [--receipts 100000] [--repeat 3]
+//!
+//! Each phase gets a fresh database seeded the same way, and the order of the two phases
+//! alternates between runs. A phase ends when every request was answered, every receipt
+//! on the topic was consumed (the receipts group's committed offsets reach the end of
+//! every partition) and every watermark is final. Statements, transactions and rows are
+//! PostgreSQL's counts (pg_stat_statements, pg_stat_database, pg_stat_user_tables);
+//! records are Kafka's (offsets).
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use chatpipe_core::outbox::Outbox;
-use chatpipe_core::{ConversationId, Seq, UserId};
-use chatpipe_schemas::receipt::ReadReceipt;
-use chatpipe_schemas::registry::Registry;
+use chatpipe_core::auth::TokenKeys;
+use chatpipe_core::UserId;
+use chatpipe_tests::bench::{machine, records_on, GroupProgress, Runs};
+use chatpipe_tests::pgstats::{Delta, PgStats};
 use clap::Parser;
 use futures::StreamExt;
-use ingest_api::store::Store;
+use ingest_api::configuration::{ReadMode, Settings};
+use ingest_api::startup::Application;
 use rand::{Rng, SeedableRng};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use secrecy::SecretString;
 use serde_json::json;
-use sqlx::postgres::PgPoolOptions;
-use sqlx::{Connection, Executor, PgConnection, PgPool};
+use sqlx::{Connection, Executor, PgConnection};
 
 #[derive(Parser)]
 struct Args {
@@ -32,9 +42,13 @@ struct Args {
     group_members: i64,
     #[arg(long, default_value_t = 10_000)]
     directs: i64,
-    /// Concurrent connections of the per-receipt baseline.
-    #[arg(long, default_value_t = 16)]
-    baseline_concurrency: usize,
+    /// Requests in flight at once, in both phases (the API has its configured 16
+    /// PostgreSQL connections).
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// Runs; the phase order alternates, and the summary gives median and spread.
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
     #[arg(
         long,
         env = "DATABASE_URL",
@@ -48,221 +62,396 @@ struct Args {
 }
 
 const LAST_SEQ: i64 = 100;
+/// The in-process API's secret: its tokens are issued here and nowhere else.
+const JWT_SECRET: &str = "read-storm-secret-read-storm-secret!";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Path {
+    /// Stream mode: receipts to Kafka, batched UPDATEs by the receipts processor.
+    Stream,
+    /// Direct mode: one guarded UPDATE (and outbox row when it moved) per receipt.
+    Baseline,
+}
+
+impl Path {
+    fn name(self) -> &'static str {
+        match self {
+            Path::Stream => "stream",
+            Path::Baseline => "baseline",
+        }
+    }
+}
+
+/// What one phase measured. Every count comes from PostgreSQL or Kafka.
+struct Phase {
+    path: Path,
+    /// Every request answered.
+    answered: Duration,
+    /// Every receipt consumed and every watermark final.
+    converged: Duration,
+    db: Delta,
+    read_updated_events: i64,
+    records_produced: i64,
+    records_consumed: i64,
+}
+
+impl Phase {
+    fn update_statements(&self) -> i64 {
+        self.db.calls("UPDATE conversation_member")
+    }
+
+    fn rows_updated(&self) -> i64 {
+        self.db.table("conversation_member").updated
+    }
+
+    /// The route's per-receipt read in stream mode (`store::as_member`).
+    fn member_reads(&self) -> i64 {
+        self.db
+            .calls("SELECT c.type, c.member_count, c.last_seq, m.last_read_seq")
+    }
+
+    fn json(&self, receipts: f64) -> serde_json::Value {
+        json!({
+            "answered_s": self.answered.as_secs_f64(),
+            "requests_per_s": receipts / self.answered.as_secs_f64(),
+            "converged_s": self.converged.as_secs_f64(),
+            "receipts_per_s": receipts / self.converged.as_secs_f64(),
+            "update_statements": self.update_statements(),
+            "watermark_rows_updated": self.rows_updated(),
+            "receipts_per_updated_row": receipts / self.rows_updated().max(1) as f64,
+            "member_reads": self.member_reads(),
+            "transactions": self.db.commits,
+            // Direct mode rolls back the transaction of a receipt that moved nothing.
+            "transactions_rolled_back": self.db.rollbacks,
+            "read_updated_events": self.read_updated_events,
+            "kafka_records_produced": self.records_produced,
+            "kafka_records_consumed": self.records_consumed,
+            "postgres": self.db.json(),
+        })
+    }
+}
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    // Install the recorder before the processor counts its flushes.
-    chatpipe_core::telemetry::metrics_handle();
+    anyhow::ensure!(args.repeat >= 1, "--repeat must be at least 1");
     chatpipe_core::telemetry::init_logging();
     let run = format!("storm{}", chatpipe_core::auth::unix_now());
-    let (db_url, pool) = fresh_database(&args.database_url, &run).await?;
-    let members = seed(&pool, &args).await?;
-    eprintln!(
-        "seeded: {} members in 1 group + {} direct conversations",
-        members.len(),
-        args.directs
-    );
+    let keys = TokenKeys::new(&SecretString::from(JWT_SECRET), Duration::ZERO)?;
+    let members = args.group_members + 2 * args.directs;
 
-    // The storm: receipts from random members, mostly moving forwards, some stale.
+    // The storm: receipts from random members (an index into the members, ordered, of
+    // each phase's identically seeded database), mostly moving forwards, some stale,
+    // some past the end (clamped).
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    let mut storm = Vec::with_capacity(args.receipts);
-    let mut expected: HashMap<(i64, i64), i64> = HashMap::new();
-    for _ in 0..args.receipts {
-        let (conv, user) = members[rng.random_range(0..members.len())];
-        let seq = rng.random_range(1..=LAST_SEQ + 20); // some past the end: clamped
-        storm.push((conv, user, seq));
-        let e = expected.entry((conv, user)).or_insert(0);
-        *e = (*e).max(seq.min(LAST_SEQ));
-    }
-    load_expected(&pool, &expected).await?;
-
-    let registry = Registry::new(&args.stack.registry, Duration::from_secs(5))?;
-    let subject = format!("{run}.chat.events-value");
-    let codec = registry.event_codec_for(&subject).await?;
-
-    // --- the stream path -------------------------------------------------------------
-    let topic = format!("{run}.chat.read-receipts");
-    create_topic(&args.stack.brokers, &topic).await?;
-    let receipt_codec = registry.receipt_codec().await?;
-    let mut settings = pipeline::settings::Settings::load(None)?;
-    settings.kafka.brokers = args.stack.brokers.clone();
-    settings.registry.url = args.stack.registry.clone();
-    settings.registry.events_subject = subject.clone();
-    settings.database.url = db_url.clone();
-    settings.receipts.topic = topic.clone();
-    settings.receipts.group = format!("{run}-receipts");
-    settings.outbox.delete_after_write = false;
-    let stop = Arc::new(AtomicBool::new(false));
-    let processor = {
-        let (settings, stop) = (settings.clone(), stop.clone());
-        std::thread::spawn(move || pipeline::receipts::run(&settings, stop))
-    };
-    let producer: FutureProducer =
-        chatpipe_core::kafka::producer_config(&args.stack.brokers).create()?;
-    let started = Instant::now();
-    let sends = futures::stream::iter(storm.iter().map(|&(conv, user, seq)| {
-        let bytes = receipt_codec.encode(&ReadReceipt {
-            conversation_id: chatpipe_schemas::ConversationId::of(conv),
-            user_id: chatpipe_schemas::UserId::of(user),
-            seq: chatpipe_schemas::Seq::of(seq),
-            at: chrono::Utc::now(),
-        });
-        let producer = producer.clone();
-        let topic = topic.clone();
-        async move {
-            let key = conv.to_string();
-            producer
-                .send(
-                    FutureRecord::to(&topic).key(&key).payload(&bytes),
-                    Duration::from_secs(30),
-                )
-                .await
-                .map(|_| ())
-        }
-    }))
-    .buffer_unordered(10_000)
-    .collect::<Vec<_>>()
-    .await;
-    anyhow::ensure!(
-        sends.iter().all(Result::is_ok),
-        "some receipts were not produced"
-    );
-    let produced = started.elapsed();
-    wait_final(&pool, Duration::from_secs(600)).await?;
-    let stream_converged = started.elapsed();
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    processor.join().expect("processor thread")?;
-    let metrics = chatpipe_core::telemetry::metrics_handle().render();
-    let flushes = metric(&metrics, "receipts_flushes_total");
-    let keys_flushed = metric(&metrics, "receipts_flush_keys_sum");
-    eprintln!(
-        "flush time: {:.2} s in {} flushes; receipts in: {}",
-        metric(&metrics, "receipts_flush_duration_seconds_sum"),
-        metric(&metrics, "receipts_flush_duration_seconds_count"),
-        metric(&metrics, "receipts_in_total")
-    );
-    let stream_events = count(
-        &pool,
-        "SELECT count(*) FROM outbox WHERE type = 'read.updated'",
-    )
-    .await?;
-
-    // --- the baseline: one guarded UPDATE (+ outbox row when it advanced) per receipt ----
-    pool.execute("UPDATE conversation_member SET last_read_seq = 0; DELETE FROM outbox")
-        .await?;
-    let store = Store {
-        pool: pool.clone(),
-        outbox: Outbox::new(codec, false),
-    };
-    let started = Instant::now();
-    futures::stream::iter(storm.iter().map(|&(conv, user, seq)| {
-        let store = store.clone();
-        async move {
-            ingest_api::store::reads::mark_read(
-                &store,
-                ConversationId::new(conv).unwrap(),
-                UserId::new(user).unwrap(),
-                Seq::new(seq).unwrap(),
-            )
-            .await
-            .map(|_| ())
-        }
-    }))
-    .buffer_unordered(args.baseline_concurrency)
-    .collect::<Vec<_>>()
-    .await
-    .into_iter()
-    .collect::<Result<Vec<_>, _>>()
-    .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let baseline = started.elapsed();
-    wait_final(&pool, Duration::from_secs(5)).await?;
-    let baseline_events = count(
-        &pool,
-        "SELECT count(*) FROM outbox WHERE type = 'read.updated'",
-    )
-    .await?;
+    let storm: Vec<(usize, i64)> = (0..args.receipts)
+        .map(|_| {
+            let member = rng.random_range(0..members as usize);
+            (member, rng.random_range(1..=LAST_SEQ + 20))
+        })
+        .collect();
 
     let n = args.receipts as f64;
+    let mut runs = Runs::default();
+    let mut reports = Vec::new();
+    for r in 0..args.repeat {
+        let order = if r % 2 == 0 {
+            [Path::Stream, Path::Baseline]
+        } else {
+            [Path::Baseline, Path::Stream]
+        };
+        let mut phases = Vec::new();
+        for path in order {
+            let db = format!("{run}_{r}_{}", path.name());
+            let p = phase(&args, &db, path, &storm, &keys).await?;
+            print_phase(&p, &args, r);
+            phases.push(p);
+        }
+        let find = |path| phases.iter().find(|p| p.path == path).expect("both ran");
+        let (stream, baseline) = (find(Path::Stream), find(Path::Baseline));
+        let speedup = baseline.converged.as_secs_f64() / stream.converged.as_secs_f64();
+        println!(
+            "run {}: every watermark final after {:.2} s (stream) vs {:.2} s (baseline): \
+             stream speedup {speedup:.2}x ({} ran first)",
+            r + 1,
+            stream.converged.as_secs_f64(),
+            baseline.converged.as_secs_f64(),
+            order[0].name()
+        );
+        for p in [stream, baseline] {
+            let name = p.path.name();
+            runs.record(&format!("{name}.converged_s"), p.converged.as_secs_f64());
+            runs.record(
+                &format!("{name}.receipts_per_s"),
+                n / p.converged.as_secs_f64(),
+            );
+            runs.record(
+                &format!("{name}.requests_per_s"),
+                n / p.answered.as_secs_f64(),
+            );
+            runs.record(
+                &format!("{name}.update_statements"),
+                p.update_statements() as f64,
+            );
+            runs.record(
+                &format!("{name}.watermark_rows_updated"),
+                p.rows_updated() as f64,
+            );
+            runs.record(&format!("{name}.transactions"), p.db.commits as f64);
+            runs.record(&format!("{name}.rollbacks"), p.db.rollbacks as f64);
+            runs.record(
+                &format!("{name}.read_updated_events"),
+                p.read_updated_events as f64,
+            );
+        }
+        runs.record("stream_speedup", speedup);
+        reports.push(json!({
+            "run": r + 1,
+            "order": order.map(Path::name),
+            "stream": stream.json(n),
+            "baseline_per_receipt": baseline.json(n),
+            "stream_speedup": speedup,
+        }));
+    }
+    if args.repeat > 1 {
+        runs.print();
+    }
     let report = json!({
         "benchmark": "read-storm",
-        "receipts": args.receipts, "members": members.len(), "distinct_members_in_storm": expected.len(),
-        "stream": {
-            "produce_s": produced.as_secs_f64(), "converged_s": stream_converged.as_secs_f64(),
-            "receipts_per_s": n / stream_converged.as_secs_f64(), "update_statements": flushes,
-            "collapse_ratio": n / keys_flushed, "read_updated_events": stream_events,
+        "machine": machine(),
+        "args": {
+            "receipts": args.receipts, "group_members": args.group_members,
+            "directs": args.directs, "concurrency": args.concurrency, "repeat": args.repeat,
         },
-        "baseline_per_receipt": {
-            "converged_s": baseline.as_secs_f64(), "receipts_per_s": n / baseline.as_secs_f64(),
-            "update_statements": args.receipts, "concurrency": args.baseline_concurrency,
-            "read_updated_events": baseline_events,
-        },
-        "stream_speedup": baseline.as_secs_f64() / stream_converged.as_secs_f64(),
-        "stream_final_after_last_produce_s": (stream_converged - produced).as_secs_f64(),
-        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "offered_rate": "as fast as --concurrency clients get answers (no rate is requested)",
+        "runs": reports,
+        "summary": runs.json(),
     });
     if let Some(dir) = std::path::Path::new(&args.out).parent() {
         std::fs::create_dir_all(dir)?;
     }
     std::fs::write(&args.out, serde_json::to_vec_pretty(&report)?)?;
-    println!(
-        "stream:   {:>7.0} receipts/s absorbed, every watermark final after {:.2} s, {} UPDATE statements ({:.1}/s), collapse ratio {:.1}, {} read.updated",
-        n / stream_converged.as_secs_f64(),
-        stream_converged.as_secs_f64(),
-        flushes,
-        flushes / stream_converged.as_secs_f64(),
-        n / keys_flushed,
-        stream_events
-    );
-    println!(
-        "baseline: {:>7.0} receipts/s, every watermark final after {:.2} s, {} UPDATE statements ({:.0}/s), {} read.updated",
-        n / baseline.as_secs_f64(),
-        baseline.as_secs_f64(),
-        args.receipts,
-        n / baseline.as_secs_f64(),
-        baseline_events
-    );
-    println!(
-        "stream: receipts produced in {:.2} s; every watermark final {:.2} s after the last one was produced",
-        produced.as_secs_f64(),
-        (stream_converged - produced).as_secs_f64()
-    );
-    println!(
-        "stream converges {:.2}x faster than one UPDATE per receipt   report: {}",
-        baseline.as_secs_f64() / stream_converged.as_secs_f64(),
-        args.out
-    );
-    drop_database(&args.database_url, &run).await?;
+    println!("report: {}", args.out);
     Ok(())
 }
 
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
+fn print_phase(p: &Phase, args: &Args, run: usize) {
+    let n = args.receipts as f64;
+    println!(
+        "run {} {:<8} {} receipts from {} clients: all answered after {:.2} s ({:.0} requests/s); \
+         every receipt consumed and every watermark final after {:.2} s ({:.0} receipts/s)",
+        run + 1,
+        p.path.name(),
+        args.receipts,
+        args.concurrency,
+        p.answered.as_secs_f64(),
+        n / p.answered.as_secs_f64(),
+        p.converged.as_secs_f64(),
+        n / p.converged.as_secs_f64(),
+    );
+    println!(
+        "    PostgreSQL: {} UPDATE conversation_member statements, {} watermark rows updated, \
+         {} member reads, {} transactions committed + {} rolled back, {} statements; \
+         Kafka: {} receipts produced, {} consumed; {} read.updated{}",
+        p.update_statements(),
+        p.rows_updated(),
+        p.member_reads(),
+        p.db.commits,
+        p.db.rollbacks,
+        p.db.statement_calls(),
+        p.records_produced,
+        p.records_consumed,
+        p.read_updated_events,
+        p.db.caveat(),
+    );
 }
 
-async fn count(pool: &PgPool, sql: &str) -> anyhow::Result<i64> {
-    Ok(sqlx::query_scalar(sql).fetch_one(pool).await?)
+/// One phase on a database of its own: seed it, start the API (and, for the stream, the
+/// receipts processor), send every receipt, wait until it all converged, stop, count.
+async fn phase(
+    args: &Args,
+    db: &str,
+    path: Path,
+    storm: &[(usize, i64)],
+    keys: &TokenKeys,
+) -> anyhow::Result<Phase> {
+    let url = create_database(&args.database_url, db).await?;
+    let mut conn = PgConnection::connect(&url).await?;
+    ingest_api::startup::MIGRATOR.run(&mut conn).await?;
+    let members = seed(&mut conn, args).await?;
+    let receipts: Vec<(i64, i64, i64)> = storm
+        .iter()
+        .map(|&(m, seq)| (members[m].0, members[m].1, seq))
+        .collect();
+    let mut expected: HashMap<(i64, i64), i64> = HashMap::new();
+    for &(conv, user, seq) in &receipts {
+        let e = expected.entry((conv, user)).or_insert(0);
+        *e = (*e).max(seq.min(LAST_SEQ));
+    }
+    load_expected(&mut conn, &expected).await?;
+    conn.close().await?;
+
+    // Before: the seeding connection is gone, so its counts are in.
+    let mut stats = PgStats::connect(&args.database_url, db).await?;
+    stats.wait_alone(Duration::from_secs(30)).await?;
+    let before = stats
+        .read_settled(Duration::from_secs(1), Duration::from_secs(60))
+        .await?;
+
+    let topic = format!("{db}.chat.read-receipts");
+    let group = format!("{db}-receipts");
+    let subject = format!("{db}.chat.events-value");
+    let stop = Arc::new(AtomicBool::new(false));
+    let processor = match path {
+        Path::Baseline => None,
+        Path::Stream => {
+            create_topic(&args.stack.brokers, &topic).await?;
+            let mut settings = pipeline::settings::Settings::load(None)?;
+            settings.kafka.brokers = args.stack.brokers.clone();
+            settings.registry.url = args.stack.registry.clone();
+            settings.registry.events_subject = subject.clone();
+            settings.database.url = url.clone();
+            settings.receipts.topic = topic.clone();
+            settings.receipts.group = group.clone();
+            settings.outbox.delete_after_write = false;
+            let stop = stop.clone();
+            Some(std::thread::spawn(move || {
+                pipeline::receipts::run(&settings, stop)
+            }))
+        }
+    };
+    let mut settings = Settings::defaults_with_secret(JWT_SECRET);
+    settings.http.addr = "127.0.0.1:0".parse()?;
+    settings.database.url = SecretString::from(url.clone());
+    settings.database.migrate_on_start = false;
+    settings.registry.url = args.stack.registry.clone();
+    settings.registry.events_subject = subject;
+    settings.outbox.delete_after_write = false;
+    settings.kafka.brokers = args.stack.brokers.clone();
+    settings.kafka.receipts_topic = topic.clone();
+    settings.reads.mode = match path {
+        Path::Stream => ReadMode::Stream,
+        Path::Baseline => ReadMode::Direct,
+    };
+    let app = Application::build(settings).await?;
+    let base = format!("http://{}", app.local_addr());
+    let (stop_api, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(app.run_until_stopped(async {
+        let _ = stopped.await;
+    }));
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(args.concurrency)
+        .build()?;
+    let mut tokens: HashMap<i64, String> = HashMap::new();
+    for &(_, user, _) in &receipts {
+        tokens
+            .entry(user)
+            .or_insert_with(|| keys.issue(UserId::of(user), Duration::from_secs(3600)));
+    }
+    let want = match path {
+        Path::Stream => 202,
+        Path::Baseline => 200,
+    };
+
+    let started = Instant::now();
+    let answers: Vec<anyhow::Result<u16>> =
+        futures::stream::iter(receipts.iter().map(|&(conv, user, seq)| {
+            let req = http
+                .post(format!("{base}/conversations/{conv}/read"))
+                .bearer_auth(&tokens[&user])
+                .json(&json!({"seq": seq}));
+            async move { Ok(req.send().await?.status().as_u16()) }
+        }))
+        .buffer_unordered(args.concurrency)
+        .collect()
+        .await;
+    let answered = started.elapsed();
+    let mut refused: HashMap<String, usize> = HashMap::new();
+    for a in answers {
+        match a {
+            Ok(status) if status == want => {}
+            Ok(status) => *refused.entry(status.to_string()).or_default() += 1,
+            Err(e) => *refused.entry(e.to_string()).or_default() += 1,
+        }
+    }
+    anyhow::ensure!(
+        refused.is_empty(),
+        "{} requests not answered {want}: {refused:?}",
+        path.name()
+    );
+
+    // Converged: nothing left unread on the topic, and every watermark final.
+    let progress = match path {
+        Path::Stream => Some(GroupProgress::new(&args.stack.brokers, &group, &topic)?),
+        Path::Baseline => None,
+    };
+    let deadline = started + Duration::from_secs(600);
+    loop {
+        let unread = match &progress {
+            Some(p) => tokio::task::block_in_place(|| p.read())?.1,
+            None => 0,
+        };
+        let pending = stats
+            .scalar(
+                "SELECT count(*) FROM bench_expected e JOIN conversation_member m USING (conversation_id, user_id)
+                  WHERE m.last_read_seq <> e.seq",
+            )
+            .await?;
+        if unread == 0 && pending == 0 {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{}: {unread} receipts unread, {pending} watermarks not final after 600 s",
+            path.name()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let converged = started.elapsed();
+
+    // After: the API and the processor have closed their connections.
+    let _ = stop_api.send(());
+    server.await??;
+    stop.store(true, Ordering::Relaxed);
+    if let Some(processor) = processor {
+        processor
+            .join()
+            .map_err(|_| anyhow::anyhow!("the receipts processor panicked"))??;
+    }
+    stats.wait_alone(Duration::from_secs(30)).await?;
+    let after = stats
+        .read_settled(Duration::from_secs(1), Duration::from_secs(60))
+        .await?;
+    let read_updated_events = stats
+        .scalar("SELECT count(*) FROM outbox WHERE type = 'read.updated'")
+        .await?;
+    let (records_produced, records_consumed) = match &progress {
+        Some(p) => {
+            let (consumed, _) = tokio::task::block_in_place(|| p.read())?;
+            let produced = tokio::task::block_in_place(|| records_on(&args.stack.brokers, &topic))?;
+            (produced, consumed)
+        }
+        None => (0, 0),
+    };
+    drop(stats);
+    drop_database(&args.database_url, db).await?;
+    Ok(Phase {
+        path,
+        answered,
+        converged,
+        db: after.since(&before),
+        read_updated_events,
+        records_produced,
+        records_consumed,
+    })
 }
 
-async fn fresh_database(server: &str, name: &str) -> anyhow::Result<(String, PgPool)> {
+async fn create_database(server: &str, name: &str) -> anyhow::Result<String> {
     let mut admin = PgConnection::connect(server).await.context("PostgreSQL")?;
     admin
         .execute(format!("CREATE DATABASE \"{name}\"").as_str())
         .await?;
-    let url = format!(
-        "{}/{name}",
-        server.rsplit_once('/').map_or(server, |(b, _)| b)
-    );
-    let pool = PgPoolOptions::new()
-        .max_connections(20)
-        .connect(&url)
-        .await?;
-    ingest_api::startup::MIGRATOR.run(&pool).await?;
-    Ok((url, pool))
+    Ok(chatpipe_tests::with_database(server, name))
 }
 
 async fn drop_database(server: &str, name: &str) -> anyhow::Result<()> {
@@ -274,19 +463,20 @@ async fn drop_database(server: &str, name: &str) -> anyhow::Result<()> {
 }
 
 /// The conversations and members, written directly (last_seq = 100, no message rows:
-/// the watermark UPDATE reads only conversation.last_seq). Returns (conversation, user).
-async fn seed(pool: &PgPool, args: &Args) -> anyhow::Result<Vec<(i64, i64)>> {
+/// the watermark UPDATE reads only conversation.last_seq). Returns (conversation, user)
+/// in order, the same in every freshly seeded database.
+async fn seed(conn: &mut PgConnection, args: &Args) -> anyhow::Result<Vec<(i64, i64)>> {
     let group: i64 = sqlx::query_scalar(
         "INSERT INTO conversation (type, title, created_by, last_seq, member_count) VALUES ('GROUP', 'storm', 1, $1, $2) RETURNING id",
     )
     .bind(LAST_SEQ)
     .bind(args.group_members as i32)
-    .fetch_one(pool)
+    .fetch_one(&mut *conn)
     .await?;
     sqlx::query("INSERT INTO conversation_member (conversation_id, user_id) SELECT $1, u FROM generate_series(1, $2) u")
         .bind(group)
         .bind(args.group_members)
-        .execute(pool)
+        .execute(&mut *conn)
         .await?;
     sqlx::query(
         "WITH c AS (
@@ -298,16 +488,19 @@ async fn seed(pool: &PgPool, args: &Args) -> anyhow::Result<Vec<(i64, i64)>> {
     )
     .bind(LAST_SEQ)
     .bind(args.directs)
-    .execute(pool)
+    .execute(&mut *conn)
     .await?;
-    Ok(
-        sqlx::query_as("SELECT conversation_id, user_id FROM conversation_member")
-            .fetch_all(pool)
-            .await?,
+    Ok(sqlx::query_as(
+        "SELECT conversation_id, user_id FROM conversation_member ORDER BY conversation_id, user_id",
     )
+    .fetch_all(&mut *conn)
+    .await?)
 }
 
-async fn load_expected(pool: &PgPool, expected: &HashMap<(i64, i64), i64>) -> anyhow::Result<()> {
+async fn load_expected(
+    conn: &mut PgConnection,
+    expected: &HashMap<(i64, i64), i64>,
+) -> anyhow::Result<()> {
     let (mut c, mut u, mut s) = (Vec::new(), Vec::new(), Vec::new());
     for (&(conv, user), &seq) in expected {
         c.push(conv);
@@ -320,30 +513,9 @@ async fn load_expected(pool: &PgPool, expected: &HashMap<(i64, i64), i64>) -> an
     .bind(&c)
     .bind(&u)
     .bind(&s)
-    .execute(pool)
+    .execute(&mut *conn)
     .await?;
     Ok(())
-}
-
-/// Polls until every member's watermark equals the highest (clamped) seq it sent.
-async fn wait_final(pool: &PgPool, limit: Duration) -> anyhow::Result<()> {
-    let deadline = Instant::now() + limit;
-    loop {
-        let pending = count(
-            pool,
-            "SELECT count(*) FROM bench_expected e JOIN conversation_member m USING (conversation_id, user_id)
-              WHERE m.last_read_seq <> e.seq",
-        )
-        .await?;
-        if pending == 0 {
-            return Ok(());
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "{pending} watermarks not final after {limit:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 async fn create_topic(brokers: &str, topic: &str) -> anyhow::Result<()> {

@@ -2,12 +2,15 @@
 //! many conversations and, in the same run, all into one (the hot-row case). A
 //! measurement, not a test: it prints a summary and writes JSON with the machine.
 //!
-//!   send-load --base http://127.0.0.1:8080 --secret-file .stack/jwt-secret
+//!   eval "$(scripts/stack env)"; send-load --base http://127.0.0.1:8080 --secret-file .stack/jwt-secret
 //!
-//! After each phase it checks the invariant the load could break: every conversation's
-//! last_seq equals the number of 201s it got (no gap, no duplicate).
+//! After each phase it checks the invariant the load could break: the seqs the 201s
+//! returned for each conversation are exactly 1..=n with no duplicate, the stored
+//! `message` rows of the conversation are exactly those seqs, and its last_seq is n.
+//! What the database did (rows, transactions, statements) is PostgreSQL's own count
+//! (see `pgstats`), read from `--database` (the stack's `chatpipe`, which the API writes).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,9 +18,12 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use chatpipe_core::auth::TokenKeys;
 use chatpipe_core::UserId;
+use chatpipe_tests::bench::{machine, Runs};
+use chatpipe_tests::pgstats::{Delta, PgArgs, PgStats};
 use clap::Parser;
 use hdrhistogram::Histogram;
 use serde_json::json;
+use sqlx::Connection;
 
 #[derive(Parser, Debug, Clone)]
 struct Args {
@@ -36,6 +42,15 @@ struct Args {
     /// Seconds per phase.
     #[arg(long, default_value_t = 10)]
     seconds: u64,
+    /// Sends per second requested across all senders; without it each sender sends its
+    /// next message as soon as the last one is answered (a closed loop).
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Runs (each with new conversations); the summary gives median and spread.
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
+    #[command(flatten)]
+    pg: PgArgs,
     /// Where to write the JSON report.
     #[arg(long, default_value = "target/bench/send-load.json")]
     out: String,
@@ -47,6 +62,7 @@ struct Phase {
     errors: u64,
     elapsed: Duration,
     latency_us: Histogram<u64>,
+    db: Delta,
 }
 
 impl Phase {
@@ -54,12 +70,15 @@ impl Phase {
         self.sends as f64 / self.elapsed.as_secs_f64()
     }
 
-    fn json(&self) -> serde_json::Value {
+    fn json(&self, requested: Option<f64>) -> serde_json::Value {
         let q = |p: f64| self.latency_us.value_at_quantile(p) as f64 / 1000.0;
         json!({
             "phase": self.name, "sends": self.sends, "errors": self.errors,
             "seconds": self.elapsed.as_secs_f64(), "sends_per_second": self.per_second(),
+            "requested_sends_per_second": requested,
             "latency_ms": {"p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": self.latency_us.max() as f64 / 1000.0},
+            "messages_inserted": self.db.table("message").inserted,
+            "postgres": self.db.json(),
         })
     }
 }
@@ -67,66 +86,98 @@ impl Phase {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    anyhow::ensure!(args.repeat >= 1, "--repeat must be at least 1");
     let secret = std::fs::read_to_string(&args.secret_file)
         .with_context(|| format!("reading {}", args.secret_file))?;
     let keys = TokenKeys::new(&secret.trim().to_owned().into(), Duration::ZERO)?;
-    // Fresh user ids per run so runs never share conversations.
-    let base_user = 1_000_000 + (chatpipe_core::auth::unix_now() % 1_000_000) as i64 * 100;
-    let users: Vec<i64> = (0..args.concurrency as i64)
-        .map(|i| base_user + i)
-        .collect();
-    let tokens: Vec<String> = users
-        .iter()
-        .map(|&u| keys.issue(UserId::new(u).unwrap(), Duration::from_secs(3600)))
-        .collect();
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(args.concurrency)
         .build()?;
+    let mut stats = args.pg.connect().await?;
+    let requested = match args.rate {
+        Some(r) => format!("{r:.0}/s requested"),
+        None => "closed loop, no rate requested".to_owned(),
+    };
 
-    eprintln!(
-        "creating {} conversations of {} members…",
-        args.conversations,
-        users.len()
-    );
-    let mut conversations = Vec::with_capacity(args.conversations);
-    for _ in 0..args.conversations {
-        conversations.push(create_group(&http, &args.base, &tokens[0], &users[1..]).await?);
+    let mut runs = Runs::default();
+    let mut reports = Vec::new();
+    for r in 0..args.repeat {
+        // Fresh user ids per run so runs never share conversations.
+        let base_user = 1_000_000 + (chatpipe_core::auth::unix_now() % 1_000_000) as i64 * 100;
+        let users: Vec<i64> = (0..args.concurrency as i64)
+            .map(|i| base_user + i)
+            .collect();
+        let tokens: Vec<String> = users
+            .iter()
+            .map(|&u| keys.issue(UserId::new(u).unwrap(), Duration::from_secs(3600)))
+            .collect();
+        eprintln!(
+            "run {}: creating {} conversations of {} members…",
+            r + 1,
+            args.conversations,
+            users.len()
+        );
+        let mut conversations = Vec::with_capacity(args.conversations);
+        for _ in 0..args.conversations {
+            conversations.push(create_group(&http, &args.base, &tokens[0], &users[1..]).await?);
+        }
+        let hot = vec![create_group(&http, &args.base, &tokens[0], &users[1..]).await?];
+
+        let mut phases = Vec::new();
+        for (name, convs) in [("spread", conversations), ("hot", hot)] {
+            let phase = run_phase(name, &args, &http, &tokens, convs, &mut stats).await?;
+            let q = |x: f64| phase.latency_us.value_at_quantile(x) as f64 / 1000.0;
+            println!(
+                "run {} {:<7} {:>8.0} sends/s ({requested})  p50 {:>6.2} ms  p99 {:>6.2} ms  ({} sends, {} errors, {} senders); \
+                 PostgreSQL: {} messages inserted, {} transactions, {} statements{}",
+                r + 1,
+                phase.name,
+                phase.per_second(),
+                q(0.5),
+                q(0.99),
+                phase.sends,
+                phase.errors,
+                args.concurrency,
+                phase.db.table("message").inserted,
+                phase.db.commits,
+                phase.db.statement_calls(),
+                phase.db.caveat(),
+            );
+            runs.record(&format!("{name}.sends_per_s"), phase.per_second());
+            runs.record(&format!("{name}.p50_ms"), q(0.5));
+            runs.record(&format!("{name}.p99_ms"), q(0.99));
+            runs.record(
+                &format!("{name}.messages_inserted"),
+                phase.db.table("message").inserted as f64,
+            );
+            runs.record(&format!("{name}.transactions"), phase.db.commits as f64);
+            phases.push(phase);
+        }
+        let ratio = phases[1].per_second() / phases[0].per_second();
+        runs.record("hot_over_spread", ratio);
+        println!("run {}: hot/spread throughput ratio {ratio:.2}", r + 1);
+        reports.push(json!({
+            "run": r + 1,
+            "phases": phases.iter().map(|p| p.json(args.rate)).collect::<Vec<_>>(),
+            "hot_over_spread": ratio,
+        }));
     }
-    let hot = vec![create_group(&http, &args.base, &tokens[0], &users[1..]).await?];
-
-    let spread = run_phase(
-        "spread",
-        &args,
-        &http,
-        &tokens,
-        Arc::new(conversations.clone()),
-    )
-    .await?;
-    let hot_phase = run_phase("hot", &args, &http, &tokens, Arc::new(hot.clone())).await?;
-
-    let ratio = hot_phase.per_second() / spread.per_second();
+    if args.repeat > 1 {
+        runs.print();
+    }
     let report = json!({
         "benchmark": "send-load",
         "machine": machine(),
-        "args": {"concurrency": args.concurrency, "conversations": args.conversations, "seconds": args.seconds, "base": args.base},
-        "phases": [spread.json(), hot_phase.json()],
-        "hot_over_spread": ratio,
+        "args": {"concurrency": args.concurrency, "conversations": args.conversations, "seconds": args.seconds,
+                 "base": args.base, "rate": args.rate, "repeat": args.repeat, "database": args.pg.database},
+        "runs": reports,
+        "summary": runs.json(),
     });
     if let Some(dir) = std::path::Path::new(&args.out).parent() {
         std::fs::create_dir_all(dir)?;
     }
     std::fs::write(&args.out, serde_json::to_vec_pretty(&report)?)?;
-    for p in [&spread, &hot_phase] {
-        let q = |x: f64| p.latency_us.value_at_quantile(x) as f64 / 1000.0;
-        println!(
-            "{:<7} {:>8.0} sends/s  p50 {:>6.2} ms  p99 {:>6.2} ms  ({} sends, {} errors, {} senders)",
-            p.name, p.per_second(), q(0.5), q(0.99), p.sends, p.errors, args.concurrency
-        );
-    }
-    println!(
-        "hot/spread throughput ratio: {ratio:.2}   report: {}",
-        args.out
-    );
+    println!("report: {}", args.out);
     Ok(())
 }
 
@@ -150,16 +201,25 @@ async fn create_group(
         .context("conversationId")
 }
 
+/// Loads `conversations` for `--seconds`, checks them, and reads PostgreSQL's counts
+/// before and after.
 async fn run_phase(
     name: &'static str,
     args: &Args,
     http: &reqwest::Client,
     tokens: &[String],
-    conversations: Arc<Vec<i64>>,
+    conversations: Vec<i64>,
+    stats: &mut PgStats,
 ) -> anyhow::Result<Phase> {
+    let before = args.pg.settled(stats).await?;
+    let conversations = Arc::new(conversations);
     let errors = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let deadline = started + Duration::from_secs(args.seconds);
+    // Each sender's share of the requested rate.
+    let period = args
+        .rate
+        .map(|r| Duration::from_secs_f64(tokens.len() as f64 / r));
     let mut workers = Vec::new();
     // Worker w sends to conversations w, w+C, w+2C, …: in the spread phase no two
     // workers contend for one row; in the hot phase all do.
@@ -169,9 +229,17 @@ async fn run_phase(
         let (conversations, errors) = (conversations.clone(), errors.clone());
         workers.push(tokio::spawn(async move {
             let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
-            let mut created: HashMap<i64, u64> = HashMap::new();
+            let mut seqs: HashMap<i64, Vec<i64>> = HashMap::new();
+            let mut pace = period.map(|p| {
+                let mut t = tokio::time::interval(p);
+                t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                t
+            });
             let mut i = w;
             while Instant::now() < deadline {
+                if let Some(pace) = &mut pace {
+                    pace.tick().await;
+                }
                 let conv = conversations[i % conversations.len()];
                 i += step;
                 let t = Instant::now();
@@ -181,68 +249,107 @@ async fn run_phase(
                     .json(&json!({"clientMsgId": uuid::Uuid::new_v4(), "body": "a load-test message of a typical length, about sixty chars"}))
                     .send()
                     .await;
-                match res {
-                    Ok(r) if r.status() == 201 => {
+                let seq = match res {
+                    Ok(r) if r.status() == 201 => r
+                        .json::<serde_json::Value>()
+                        .await
+                        .ok()
+                        .and_then(|v| v["seq"].as_i64()),
+                    _ => None,
+                };
+                match seq {
+                    Some(seq) => {
                         hist.record(t.elapsed().as_micros() as u64).ok();
-                        *created.entry(conv).or_default() += 1;
+                        seqs.entry(conv).or_default().push(seq);
                     }
-                    _ => {
+                    None => {
                         errors.fetch_add(1, Ordering::Relaxed);
                     }
                 }
             }
-            (hist, created)
+            (hist, seqs)
         }));
     }
     let mut latency_us = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
-    let mut created: HashMap<i64, u64> = HashMap::new();
+    let mut returned: HashMap<i64, Vec<i64>> = HashMap::new();
     for w in workers {
-        let (h, c) = w.await?;
+        let (h, s) = w.await?;
         latency_us.add(h)?;
-        for (conv, n) in c {
-            *created.entry(conv).or_default() += n;
+        for (conv, seqs) in s {
+            returned.entry(conv).or_default().extend(seqs);
         }
     }
     let elapsed = started.elapsed();
-    // Invariant 1 under load: last_seq of each conversation = its 201s (before this phase: 0).
-    for (&conv, &n) in &created {
-        let page: serde_json::Value = http
-            .get(format!(
-                "{}/conversations/{conv}/messages?limit=1",
-                args.base
-            ))
-            .bearer_auth(&tokens[0])
-            .send()
-            .await?
-            .json()
-            .await?;
-        if page["lastSeq"].as_u64() != Some(n) {
-            bail!(
-                "conversation {conv}: lastSeq {} but {n} sends succeeded",
-                page["lastSeq"]
-            );
-        }
-    }
-    let sends = created.values().sum();
-    Ok(Phase {
+    let after = args.pg.settled(stats).await?;
+    check_gapless(&args.pg, &returned).await?;
+    let sends = returned.values().map(|s| s.len() as u64).sum();
+    let phase = Phase {
         name,
         sends,
         errors: errors.load(Ordering::Relaxed),
         elapsed,
         latency_us,
-    })
+        db: after.since(&before),
+    };
+    Ok(phase)
 }
 
-fn machine() -> serde_json::Value {
-    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
-    let cpu = read("/proc/cpuinfo")
-        .lines()
-        .find(|l| l.starts_with("model name"))
-        .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned());
-    json!({
-        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
-        "cpu_model": cpu,
-        "kernel": read("/proc/sys/kernel/osrelease").trim(),
-        "memory_kb": read("/proc/meminfo").lines().next().unwrap_or("").split_whitespace().nth(1),
-    })
+/// The invariant under load, for every conversation the phase wrote (each new before
+/// it): the seqs its 201s returned are exactly 1..=n with no duplicate, its stored
+/// `message` rows are exactly those seqs, and its last_seq is n.
+async fn check_gapless(pg: &PgArgs, returned: &HashMap<i64, Vec<i64>>) -> anyhow::Result<()> {
+    let ids: Vec<i64> = returned.keys().copied().collect();
+    let mut db = sqlx::PgConnection::connect(&chatpipe_tests::with_database(
+        &pg.database_url,
+        &pg.database,
+    ))
+    .await?;
+    let rows: Vec<(i64, i64)> =
+        sqlx::query_as("SELECT conversation_id, seq FROM message WHERE conversation_id = ANY($1)")
+            .bind(&ids)
+            .fetch_all(&mut db)
+            .await?;
+    let last: HashMap<i64, i64> =
+        sqlx::query_as("SELECT id, last_seq FROM conversation WHERE id = ANY($1)")
+            .bind(&ids)
+            .fetch_all(&mut db)
+            .await?
+            .into_iter()
+            .collect();
+    // Closed now, so its counts are flushed before the next phase's reading.
+    db.close().await?;
+    let mut stored: HashMap<i64, BTreeSet<i64>> = HashMap::new();
+    for (conv, seq) in rows {
+        stored.entry(conv).or_default().insert(seq);
+    }
+    for (conv, seqs) in returned {
+        let n = seqs.len() as i64;
+        let distinct: BTreeSet<i64> = seqs.iter().copied().collect();
+        if distinct.len() != seqs.len() {
+            bail!(
+                "conversation {conv}: {} seqs returned twice",
+                seqs.len() - distinct.len()
+            );
+        }
+        let gapless: BTreeSet<i64> = (1..=n).collect();
+        if distinct != gapless {
+            let stray: Vec<_> = distinct.symmetric_difference(&gapless).take(10).collect();
+            bail!("conversation {conv}: {n} sends returned seqs other than 1..={n}: {stray:?}");
+        }
+        let rows = stored.get(conv).cloned().unwrap_or_default();
+        if rows != distinct {
+            let stray: Vec<_> = rows.symmetric_difference(&distinct).take(10).collect();
+            bail!(
+                "conversation {conv}: {} stored messages differ from the {n} returned seqs: {stray:?}",
+                rows.len()
+            );
+        }
+        if last.get(conv) != Some(&n) {
+            bail!(
+                "conversation {conv}: last_seq {:?} but {n} sends succeeded",
+                last.get(conv)
+            );
+        }
+    }
+    Ok(())
 }

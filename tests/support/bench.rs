@@ -1,5 +1,6 @@
-//! What the benchmark binaries share: REST calls that time the commit, and a reader of
-//! chat.events that notes when each message lands there.
+//! What the benchmark binaries share: REST calls that time the commit, a reader of
+//! chat.events that notes when each message lands there, Kafka's own record counts
+//! (offsets), the machine, and the summary of repeated runs.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -276,4 +277,144 @@ pub fn start_group_at_end(brokers: &str, group: &str, topic: &str, partitions: i
     committer
         .commit(&ends, CommitMode::Sync)
         .expect("committing the group's start");
+}
+
+/// Every partition's end offset (high watermark) of `topic`, in partition order: how many
+/// records each has ever held. Blocking.
+pub fn end_offsets(brokers: &str, topic: &str) -> anyhow::Result<Vec<i64>> {
+    let probe: BaseConsumer = chatpipe_core::kafka::client_config(brokers).create()?;
+    let metadata = probe.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    let partitions = metadata
+        .topics()
+        .first()
+        .context("topic metadata")?
+        .partitions()
+        .len() as i32;
+    anyhow::ensure!(partitions > 0, "{topic} has no partitions");
+    (0..partitions)
+        .map(|p| Ok(probe.fetch_watermarks(topic, p, Duration::from_secs(10))?.1))
+        .collect()
+}
+
+/// The records of `topic` on the broker now (the sum of its end offsets). Blocking.
+pub fn records_on(brokers: &str, topic: &str) -> anyhow::Result<i64> {
+    Ok(end_offsets(brokers, topic)?.iter().sum())
+}
+
+/// How much of a topic a consumer group has consumed, by Kafka's count: the group's
+/// committed offsets against the topic's end offsets. It never joins the group.
+pub struct GroupProgress {
+    client: BaseConsumer,
+    topic: String,
+    partitions: i32,
+}
+
+impl GroupProgress {
+    pub fn new(brokers: &str, group: &str, topic: &str) -> anyhow::Result<Self> {
+        let partitions = end_offsets(brokers, topic)?.len() as i32;
+        Ok(Self {
+            client: chatpipe_core::kafka::consumer_config(brokers, group).create()?,
+            topic: topic.to_owned(),
+            partitions,
+        })
+    }
+
+    /// (records committed, records not yet committed). A partition without a commit
+    /// counts as unread. Blocking.
+    pub fn read(&self) -> anyhow::Result<(i64, i64)> {
+        let mut wanted = TopicPartitionList::new();
+        for p in 0..self.partitions {
+            wanted.add_partition(&self.topic, p);
+        }
+        let committed = self
+            .client
+            .committed_offsets(wanted, Duration::from_secs(10))?;
+        let (mut done, mut left) = (0, 0);
+        for p in 0..self.partitions {
+            let (_, end) = self
+                .client
+                .fetch_watermarks(&self.topic, p, Duration::from_secs(10))?;
+            let at = match committed.find_partition(&self.topic, p).map(|e| e.offset()) {
+                Some(Offset::Offset(o)) => o,
+                _ => 0,
+            };
+            done += at;
+            left += end - at;
+        }
+        Ok((done, left))
+    }
+}
+
+/// The machine a report was measured on.
+pub fn machine() -> serde_json::Value {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let cpu = read("/proc/cpuinfo")
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned());
+    json!({
+        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "cpu_model": cpu,
+        "kernel": read("/proc/sys/kernel/osrelease").trim(),
+        "memory_kb": read("/proc/meminfo").lines().next().unwrap_or("").split_whitespace().nth(1),
+    })
+}
+
+/// The figures of repeated runs, each kept per run and summarised as its median and its
+/// spread (min–max), in the order they were first recorded.
+#[derive(Debug, Default)]
+pub struct Runs {
+    figures: Vec<(String, Vec<f64>)>,
+}
+
+impl Runs {
+    pub fn record(&mut self, name: &str, value: f64) {
+        match self.figures.iter_mut().find(|(n, _)| n == name) {
+            Some((_, values)) => values.push(value),
+            None => self.figures.push((name.to_owned(), vec![value])),
+        }
+    }
+
+    /// (median, min, max) of `name`; `None` when it was never recorded.
+    pub fn summary(&self, name: &str) -> Option<(f64, f64, f64)> {
+        let (_, values) = self.figures.iter().find(|(n, _)| n == name)?;
+        Some(summarise(values))
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        self.figures
+            .iter()
+            .map(|(name, values)| {
+                let (median, min, max) = summarise(values);
+                let v = json!({"median": median, "min": min, "max": max, "runs": values});
+                (name.clone(), v)
+            })
+            .collect::<serde_json::Map<_, _>>()
+            .into()
+    }
+
+    /// One line per figure: median and spread over the runs.
+    pub fn print(&self) {
+        let runs = self.figures.first().map_or(0, |(_, v)| v.len());
+        println!("over {runs} runs: median (min–max)");
+        for (name, values) in &self.figures {
+            let (median, min, max) = summarise(values);
+            println!("  {name:<40} {median:>12.2}  ({min:.2}–{max:.2})");
+        }
+    }
+}
+
+fn summarise(values: &[f64]) -> (f64, f64, f64) {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    if n == 0 {
+        return (f64::NAN, f64::NAN, f64::NAN);
+    }
+    let median = if n % 2 == 1 {
+        sorted[n / 2]
+    } else {
+        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+    };
+    (median, sorted[0], sorted[n - 1])
 }

@@ -9,6 +9,7 @@
 pub mod audit;
 pub mod bench;
 pub mod drill;
+pub mod pgstats;
 pub mod push;
 pub mod stream;
 
