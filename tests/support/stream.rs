@@ -233,7 +233,23 @@ impl Pipeline {
 
     /// Removes the connector, its replication slot and the topic.
     pub async fn cleanup(self) {
-        remove_namespace(&self.ns, Some(&self.connector), Some(&self.slot)).await;
+        let Pipeline {
+            consumer,
+            ns,
+            connector,
+            slot,
+            ..
+        } = self;
+        // The test's consumer leaves its group while the topic still exists: a KIP-848
+        // consumer closed after its topic was deleted can hang in its last rebalance
+        // (seen: `rd_kafka_assign` waiting forever inside the consumer's drop).
+        tokio::task::spawn_blocking(move || {
+            consumer.unsubscribe();
+            drop(consumer);
+        })
+        .await
+        .expect("closing the test consumer");
+        remove_namespace(&ns, Some(&connector), Some(&slot)).await;
     }
 }
 

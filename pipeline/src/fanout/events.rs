@@ -1,7 +1,7 @@
 //! The fanout processor proper: each chat.events record joined with the conversation's
 //! members and the presence table, produced as one fanout list per gateway.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -41,6 +41,9 @@ pub struct Fanout {
     /// Number of the next list produced.
     pub sent: u64,
     pub offsets: PendingOffsets,
+    /// Offsets released during a revoke, handed to the reader with the next
+    /// `committable`.
+    pub released: HashMap<i32, i64>,
     pub next_tick: Instant,
 }
 
@@ -99,10 +102,30 @@ impl Processor for Fanout {
     fn committable(&mut self) -> Vec<(i32, i64)> {
         let (oldest, waiting) = self.unacked.oldest();
         metrics::gauge!("fanout_unacked_lists").set(waiting as f64);
-        self.offsets.releasable(oldest).into_iter().collect()
+        let mut ready = std::mem::take(&mut self.released);
+        for (p, o) in self.offsets.releasable(oldest) {
+            let e = ready.entry(p).or_insert(o);
+            *e = (*e).max(o);
+        }
+        ready.into_iter().collect()
     }
 
+    /// The lists already produced are acknowledged first, so the revoked partitions'
+    /// offsets are released and committed with the revoke: the next owner starts after
+    /// what was pushed instead of pushing it again. If the broker does not acknowledge
+    /// within the flush wait, those records are read (and pushed) again.
     fn revoke(&mut self, partitions: &[i32]) {
+        if let Err(err) = self.acknowledge_produced() {
+            tracing::warn!(
+                ?partitions,
+                "{err:#}: the next owner pushes their last records again"
+            );
+        }
+        let (oldest, _) = self.unacked.oldest();
+        for (p, o) in self.offsets.releasable(oldest) {
+            let e = self.released.entry(p).or_insert(o);
+            *e = (*e).max(o);
+        }
         self.members.drop_partitions(partitions);
         for p in partitions {
             self.restored.remove(p);
@@ -112,15 +135,23 @@ impl Processor for Fanout {
 
     /// What was fanned out is acknowledged before the final commit.
     fn finish(&mut self) -> Result<(), Failure> {
-        self.offsets.snapshot(self.sent);
-        self.producer
-            .flush(Duration::from_secs(10))
-            .context("flushing fanout lists")
-            .map_err(Failure::Retriable)
+        self.acknowledge_produced().map_err(Failure::Retriable)
     }
 }
 
+/// How long a revoke or a stop waits for the broker to acknowledge the lists produced.
+const FLUSH_WAIT: Duration = Duration::from_secs(10);
+
 impl Fanout {
+    /// Closes the offsets read so far into a snapshot and waits (up to [`FLUSH_WAIT`])
+    /// until every list produced is acknowledged, which releases the snapshot.
+    fn acknowledge_produced(&mut self) -> anyhow::Result<()> {
+        self.offsets.snapshot(self.sent);
+        self.producer
+            .flush(FLUSH_WAIT)
+            .context("flushing fanout lists")
+    }
+
     /// Restores the membership of `partition`'s conversations from the changelog.
     fn restore(&mut self, partition: i32) -> Result<(), Failure> {
         let started = Instant::now();

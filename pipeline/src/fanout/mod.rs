@@ -284,6 +284,7 @@ fn run_events(
         coalescer: Coalescer::default(),
         sent: 0,
         offsets: PendingOffsets::default(),
+        released: HashMap::new(),
         next_tick: Instant::now(),
         cfg: cfg.clone(),
     };
