@@ -17,7 +17,9 @@
 //! conversation is online, so each must get exactly one frame. A missing frame or a frame
 //! to a user who should not get it fails the run (non-zero exit, with a sample);
 //! duplicates are counted and reported. Rows and transactions are PostgreSQL's counts
-//! (see `pgstats`, from `--database`), records are Kafka's (end offsets).
+//! (see `pgstats`, from `--database`), records are Kafka's (end offsets). `--repeat N`
+//! runs the traffic phase N times over the same connections; the summary gives the
+//! median and the spread of each figure.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -27,7 +29,7 @@ use anyhow::{bail, Context};
 use chatpipe_core::auth::TokenKeys;
 use chatpipe_core::UserId;
 use chatpipe_tests::bench::{
-    create_direct, create_group, machine, records_on, send, start_event_reader, Arrivals,
+    create_direct, create_group, machine, records_on, send, start_event_reader, Arrivals, Runs,
 };
 use chatpipe_tests::pgstats::PgArgs;
 use clap::Parser;
@@ -69,6 +71,10 @@ struct Args {
     rate: u64,
     #[arg(long, default_value_t = 30)]
     seconds: u64,
+    /// Runs of the traffic phase over the same connections and conversations; the
+    /// summary gives median and spread.
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
     #[arg(long, default_value = "target/bench/push-latency.json")]
     out: String,
 }
@@ -176,6 +182,91 @@ async fn main() -> anyhow::Result<()> {
         by_kind(Kind::LargeGroup),
     );
 
+    let ctx = Ctx {
+        args: &args,
+        http: &http,
+        keys: &keys,
+        conversations: Arc::new(conversations),
+        kinds: [directs, smalls, larges],
+        frames: frames.clone(),
+    };
+    let mut stats = args.pg.connect().await?;
+    let mut runs = Runs::default();
+    let mut reports = Vec::new();
+    let mut earlier: HashSet<Delivery> = HashSet::new();
+    let mut failures = Vec::new();
+    for run in 1..=args.repeat {
+        let outcome = traffic(&ctx, run, &mut stats, &mut earlier, &mut runs).await?;
+        if let Some(failure) = outcome.failure {
+            failures.push(format!("run {run}: {failure}"));
+        }
+        reports.push(outcome.report);
+    }
+    let rss_after = rss_kib(pid)?;
+    println!(
+        "gateway RSS after traffic: {:.1} MiB",
+        rss_after as f64 / 1024.0
+    );
+    if args.repeat > 1 {
+        println!("over {} runs: median (min–max)", args.repeat);
+        runs.print();
+    }
+    let report = json!({
+        "benchmark": "push-latency",
+        "machine": machine(),
+        "connections": args.connections,
+        "connect_s": connect_s,
+        "gateway_rss_kib": {"before": rss_before, "idle": rss_idle, "after_traffic": rss_after},
+        "kib_per_idle_connection": per_connection_kib,
+        "rate": args.rate,
+        "runs": reports,
+        "summary": runs.json(),
+    });
+    if let Some(dir) = std::path::Path::new(&args.out).parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&args.out, serde_json::to_vec_pretty(&report)?)?;
+    drop(clients);
+    if !failures.is_empty() {
+        bail!("delivery failed: {}", failures.join("; "));
+    }
+    Ok(())
+}
+
+/// What every traffic run shares: the connected users' conversations and their frames.
+struct Ctx<'a> {
+    args: &'a Args,
+    http: &'a reqwest::Client,
+    keys: &'a TokenKeys,
+    conversations: Arc<Vec<Conversation>>,
+    /// Indexes of the direct chats, the small groups and the large groups.
+    kinds: [Vec<usize>; 3],
+    frames: Frames,
+}
+
+struct Outcome {
+    report: serde_json::Value,
+    /// Lost frames or frames to the wrong user, in words.
+    failure: Option<String>,
+}
+
+/// One traffic run: `--seconds` of sends at `--rate`, then every expected frame waited
+/// for and the run's figures printed and recorded. `earlier` holds the deliveries of the
+/// runs before: a late repeat of one counts as a duplicate, not as a wrong user.
+async fn traffic(
+    ctx: &Ctx<'_>,
+    run: usize,
+    stats: &mut chatpipe_tests::pgstats::PgStats,
+    earlier: &mut HashSet<Delivery>,
+    runs: &mut Runs,
+) -> anyhow::Result<Outcome> {
+    let (args, http, conversations, frames) = (ctx.args, ctx.http, &ctx.conversations, &ctx.frames);
+    let token = |u: i64| {
+        ctx.keys
+            .issue(UserId::new(u).unwrap(), Duration::from_secs(3600))
+    };
+    let [directs, smalls, larges] = &ctx.kinds;
+    let first_frame = frames.lock().unwrap().len();
     // Traffic, and the baseline reader of chat.events.
     let arrivals = Arrivals::default();
     let reader = start_event_reader(
@@ -185,8 +276,7 @@ async fn main() -> anyhow::Result<()> {
         arrivals.clone(),
     )
     .await?;
-    let mut stats = args.pg.connect().await?;
-    let before = args.pg.settled(&mut stats).await?;
+    let before = args.pg.settled(stats).await?;
     let offsets = || -> anyhow::Result<(i64, i64)> {
         tokio::task::block_in_place(|| {
             Ok((
@@ -196,7 +286,6 @@ async fn main() -> anyhow::Result<()> {
         })
     };
     let (events_before, deliveries_before) = offsets()?;
-    let conversations = Arc::new(conversations);
     let sent: Sent = Arc::default();
     let total = args.rate * args.seconds;
     let mut ticker = tokio::time::interval(Duration::from_micros(1_000_000 / args.rate));
@@ -208,11 +297,11 @@ async fn main() -> anyhow::Result<()> {
         ticker.tick().await;
         let roll: f64 = rng.random();
         let pool = if roll < 0.70 {
-            &directs
+            directs
         } else if roll < 0.95 {
-            &smalls
+            smalls
         } else {
-            &larges
+            larges
         };
         let i = pool[rng.random_range(0..pool.len())];
         let sender = conversations[i].members[rng.random_range(0..conversations[i].members.len())];
@@ -252,7 +341,7 @@ async fn main() -> anyhow::Result<()> {
         .collect();
     // Waits for each expected frame, looking only at frames read since the last look.
     let mut waiting = expected.clone();
-    let mut looked = 0;
+    let mut looked = first_frame;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         {
@@ -276,7 +365,7 @@ async fn main() -> anyhow::Result<()> {
     }
     reader.abort();
     let (events_after, deliveries_after) = offsets()?;
-    let db = args.pg.settled(&mut stats).await?.since(&before);
+    let db = args.pg.settled(stats).await?.since(&before);
 
     // Results: the first frame of each (user, conversation, seq) counts; any further one
     // is a duplicate.
@@ -286,8 +375,8 @@ async fn main() -> anyhow::Result<()> {
     let mut received: HashSet<Delivery> = HashSet::new();
     let mut duplicates = 0usize;
     let mut push: HashMap<Option<Kind>, Histogram<u64>> = HashMap::new();
-    for &(user, conv, seq, at) in frames.iter() {
-        if !received.insert((user, conv, seq)) {
+    for &(user, conv, seq, at) in &frames[first_frame..] {
+        if earlier.contains(&(user, conv, seq)) || !received.insert((user, conv, seq)) {
             duplicates += 1;
             continue;
         }
@@ -312,13 +401,12 @@ async fn main() -> anyhow::Result<()> {
             topic.record(at.saturating_duration_since(*committed).as_micros().max(1) as u64)?;
         }
     }
-    let rss_after = rss_kib(pid)?;
     let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
     let empty = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
     let all = push.get(&None).unwrap_or(&empty);
     let achieved = sent.len() as f64 / sending_s;
     println!(
-        "{} messages in {sending_s:.1} s: {achieved:.1} msg/s achieved, {} msg/s requested",
+        "run {run}: {} messages in {sending_s:.1} s: {achieved:.1} msg/s achieved, {} msg/s requested",
         sent.len(),
         args.rate,
     );
@@ -368,18 +456,23 @@ async fn main() -> anyhow::Result<()> {
         ms(all, 0.99) / ms(&topic, 0.99),
         ms(all, 0.5) - ms(&topic, 0.5)
     );
-    println!(
-        "gateway RSS after traffic: {:.1} MiB",
-        rss_after as f64 / 1024.0
-    );
     let sample = |v: &[Delivery]| v.iter().take(10).copied().collect::<Vec<_>>();
+    for (name, value) in [
+        ("achieved_msg_per_s", achieved),
+        ("baseline_p50_ms", ms(&topic, 0.5)),
+        ("baseline_p99_ms", ms(&topic, 0.99)),
+        ("push_p50_ms", ms(all, 0.5)),
+        ("push_p99_ms", ms(all, 0.99)),
+        ("ratio_p50", ms(all, 0.5) / ms(&topic, 0.5)),
+        ("ratio_p99", ms(all, 0.99) / ms(&topic, 0.99)),
+        ("frames", (received.len() - wrong.len()) as f64),
+        ("lost", lost.len() as f64),
+        ("duplicates", duplicates as f64),
+    ] {
+        runs.record(name, value);
+    }
     let report = json!({
-        "benchmark": "push-latency",
-        "machine": machine(),
-        "connections": args.connections,
-        "connect_s": connect_s,
-        "gateway_rss_kib": {"before": rss_before, "idle": rss_idle, "after_traffic": rss_after},
-        "kib_per_idle_connection": per_connection_kib,
+        "run": run,
         "messages": sent.len(), "rate": args.rate, "achieved_rate": achieved, "sending_s": sending_s,
         "frames": {
             "expected": expected.len(), "received": received.len() - wrong.len(),
@@ -394,22 +487,17 @@ async fn main() -> anyhow::Result<()> {
         "ratio_p50": ms(all, 0.5) / ms(&topic, 0.5),
         "ratio_p99": ms(all, 0.99) / ms(&topic, 0.99),
     });
-    if let Some(dir) = std::path::Path::new(&args.out).parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    std::fs::write(&args.out, serde_json::to_vec_pretty(&report)?)?;
-    drop(clients);
-    if !lost.is_empty() || !wrong.is_empty() {
-        bail!(
-            "delivery failed: {} lost, e.g. (user, conversation, seq) {:?}; \
-             {} to the wrong user, e.g. {:?}",
+    let failure = (!lost.is_empty() || !wrong.is_empty()).then(|| {
+        format!(
+            "{} lost, e.g. (user, conversation, seq) {:?}; {} to the wrong user, e.g. {:?}",
             lost.len(),
             sample(&lost),
             wrong.len(),
             sample(&wrong)
-        );
-    }
-    Ok(())
+        )
+    });
+    earlier.extend(expected);
+    Ok(Outcome { report, failure })
 }
 
 /// Connects `user`'s client, whose task notes every message.new frame it reads.
