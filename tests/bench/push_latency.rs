@@ -208,7 +208,6 @@ async fn main() -> anyhow::Result<()> {
         rss_after as f64 / 1024.0
     );
     if args.repeat > 1 {
-        println!("over {} runs: median (min–max)", args.repeat);
         runs.print();
     }
     let report = json!({
