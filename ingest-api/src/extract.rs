@@ -11,7 +11,7 @@ use chatpipe_core::{ConversationId, UserId};
 use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
-use crate::startup::AppState;
+use crate::state::AppState;
 
 /// The authenticated caller, from `Authorization: Bearer <JWT>`.
 #[derive(Debug, Clone, Copy)]

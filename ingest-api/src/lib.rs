@@ -7,4 +7,5 @@ pub mod extract;
 pub mod receipts;
 pub mod routes;
 pub mod startup;
+pub mod state;
 pub mod store;

@@ -1,46 +1,25 @@
-//! Wiring: the pool, the router, the middleware and the server's life cycle.
+//! Wiring: the pool, the state every handler shares (built here), and the server's life
+//! cycle. The routes and their middleware are in [`crate::routes::router`].
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
-use axum::error_handling::HandleErrorLayer;
-use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
-use axum::http::StatusCode;
-use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
-use axum::{BoxError, Router};
-use chatpipe_core::auth::TokenKeys;
-use chatpipe_core::problem::Problem;
-use chatpipe_core::telemetry::PrometheusHandle;
+use axum::Router;
 use chatpipe_schemas::registry::Registry;
 use secrecy::ExposeSecret;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
-use tower::ServiceBuilder;
 
 use crate::configuration::ReadMode;
-use crate::configuration::{DatabaseSettings, Limits, Settings};
-use crate::error::ErrorCause;
+use crate::configuration::{DatabaseSettings, Settings};
 use crate::receipts::ReceiptProducer;
 use crate::routes;
+use crate::state::AppState;
 use crate::store::{Outbox, Store};
-
-/// What every handler can reach.
-#[derive(Clone)]
-pub struct AppState {
-    pub store: Store,
-    pub keys: TokenKeys,
-    pub limits: Arc<Limits>,
-    pub max_request_bytes: usize,
-    pub metrics: PrometheusHandle,
-    /// `Some` when `reads.mode = "stream"`.
-    pub receipts: Option<ReceiptProducer>,
-}
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
@@ -93,7 +72,7 @@ impl Application {
             metrics: chatpipe_core::telemetry::metrics_handle(),
             receipts,
         };
-        let router = router(state, settings.http.request_timeout());
+        let router = routes::router(state, settings.http.request_timeout());
         let listener = TcpListener::bind(settings.http.addr)
             .await
             .with_context(|| format!("binding {}", settings.http.addr))?;
@@ -169,128 +148,6 @@ pub async fn connect(db: &DatabaseSettings) -> anyhow::Result<PgPool> {
         .connect_with(options)
         .await
         .context("connecting to PostgreSQL (database.url / DATABASE_URL)")
-}
-
-pub fn router(state: AppState, request_timeout: Duration) -> Router {
-    let max_request_bytes = state.max_request_bytes;
-    let api = Router::new()
-        .route("/conversations", post(routes::conversations::create))
-        .route("/direct", post(routes::conversations::open_direct))
-        .route(
-            "/conversations/{id}/members",
-            post(routes::conversations::add_members),
-        )
-        .route(
-            "/conversations/{id}/members/{userId}",
-            delete(routes::conversations::remove_member),
-        )
-        .route(
-            "/conversations/{id}/messages",
-            post(routes::messages::send).get(routes::messages::history),
-        )
-        .route("/conversations/{id}/read", post(routes::reads::mark_read))
-        .route(
-            "/conversations/{id}/messages/{seq}/receipts",
-            get(routes::reads::receipts),
-        )
-        .route("/inbox", get(routes::inbox::inbox))
-        .layer(
-            ServiceBuilder::new()
-                .layer(HandleErrorLayer::new(timed_out))
-                .timeout(request_timeout),
-        );
-    Router::new()
-        .merge(api)
-        .route("/healthz", get(routes::health::healthz))
-        .route("/readyz", get(routes::health::readyz))
-        .route("/metrics", get(routes::health::metrics))
-        .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(max_request_bytes))
-        .layer(middleware::from_fn(observe))
-        .with_state(state)
-}
-
-async fn timed_out(err: BoxError) -> Response {
-    if err.is::<tower::timeout::error::Elapsed>() {
-        metrics::counter!("http_request_timeouts_total").increment(1);
-        Problem::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "timeout",
-            "Request timed out",
-            "the request took longer than http.request_timeout_ms; retry with the same clientMsgId",
-        )
-        .into_response()
-    } else {
-        Problem::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            "Internal error",
-            err.to_string(),
-        )
-        .into_response()
-    }
-}
-
-async fn not_found() -> Response {
-    Problem::new(
-        StatusCode::NOT_FOUND,
-        "not-found",
-        "Not found",
-        "no such route",
-    )
-    .into_response()
-}
-
-async fn method_not_allowed() -> Response {
-    Problem::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method-not-allowed",
-        "Method not allowed",
-        "this route does not take that method",
-    )
-    .into_response()
-}
-
-/// Counts and times every request by route, and logs each failed one exactly once.
-async fn observe(request: Request, next: Next) -> Response {
-    let started = Instant::now();
-    let method = request.method().clone();
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|p| p.as_str().to_owned())
-        .unwrap_or_else(|| "unmatched".to_owned());
-    let response = next.run(request).await;
-    let elapsed = started.elapsed();
-    let status = response.status();
-    let labels = [
-        ("method", method.to_string()),
-        ("route", route.clone()),
-        ("status", status.as_u16().to_string()),
-    ];
-    metrics::counter!("http_requests_total", &labels).increment(1);
-    metrics::histogram!("http_request_duration_seconds", "method" => method.to_string(), "route" => route.clone())
-        .record(elapsed.as_secs_f64());
-    if status.is_client_error() || status.is_server_error() {
-        let detail = response
-            .extensions()
-            .get::<Problem>()
-            .map(|p| p.detail.clone())
-            .unwrap_or_default();
-        let cause = response
-            .extensions()
-            .get::<ErrorCause>()
-            .map(|c| c.0.clone())
-            .unwrap_or_default();
-        let ms = elapsed.as_millis() as u64;
-        if status.is_server_error() {
-            tracing::error!(%method, %route, status = status.as_u16(), ms, %detail, %cause, "request failed");
-        } else {
-            tracing::info!(%method, %route, status = status.as_u16(), ms, %detail, "request refused");
-        }
-    }
-    response
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

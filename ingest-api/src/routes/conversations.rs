@@ -7,7 +7,7 @@ use serde::Deserialize;
 use crate::domain::{parse_title, user_ids};
 use crate::error::ApiError;
 use crate::extract::{Caller, ConversationPath, Json, PathParams};
-use crate::startup::AppState;
+use crate::state::AppState;
 use crate::store::conversations as store;
 
 #[derive(Deserialize)]

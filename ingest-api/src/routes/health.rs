@@ -5,7 +5,7 @@ use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use chatpipe_core::problem::Problem;
 
-use crate::startup::AppState;
+use crate::state::AppState;
 
 /// `GET /healthz`: the process is up.
 pub async fn healthz() -> impl IntoResponse {

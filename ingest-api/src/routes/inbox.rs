@@ -5,7 +5,7 @@ use serde::Deserialize;
 use crate::domain::page_limit;
 use crate::error::ApiError;
 use crate::extract::{Caller, Query};
-use crate::startup::AppState;
+use crate::state::AppState;
 use crate::store::inbox::{self as store, Cursor};
 
 #[derive(Deserialize)]

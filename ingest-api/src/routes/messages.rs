@@ -7,7 +7,7 @@ use uuid::Uuid;
 use crate::domain::{page_limit, MessageBody};
 use crate::error::ApiError;
 use crate::extract::{Caller, ConversationPath, Json, Query};
-use crate::startup::AppState;
+use crate::state::AppState;
 use crate::store::messages::{self as store, Page, SendOutcome};
 
 #[derive(Deserialize)]

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use crate::domain::seq;
 use crate::error::ApiError;
 use crate::extract::{Caller, ConversationPath, Json, PathParams};
-use crate::startup::AppState;
+use crate::state::AppState;
 use crate::store::reads as store;
 
 #[derive(Deserialize)]

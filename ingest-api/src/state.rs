@@ -1,0 +1,22 @@
+//! What every handler can reach, built once by `startup` and cloned into each request.
+
+use std::sync::Arc;
+
+use chatpipe_core::auth::TokenKeys;
+use chatpipe_core::telemetry::PrometheusHandle;
+
+use crate::configuration::Limits;
+use crate::receipts::ReceiptProducer;
+use crate::store::Store;
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Store,
+    pub keys: TokenKeys,
+    pub limits: Arc<Limits>,
+    pub max_request_bytes: usize,
+    pub metrics: PrometheusHandle,
+    /// `Some` when `reads.mode = "stream"`.
+    pub receipts: Option<ReceiptProducer>,
+}
