@@ -56,9 +56,9 @@ impl Publisher {
     }
 
     /// Writes the presence of `users` (count 0: a tombstone), waiting for the acks about
-    /// one renewal tick (at least 1 s, at most half a lease): a record the broker has not acknowledged by then stays
-    /// queued in the producer (in order, per user), but the renewals of the others must
-    /// not wait behind it. After a broker restart an acknowledgement can take tens of
+    /// one renewal tick (at least 1 s, at most half a lease): a record the broker has not
+    /// acknowledged by then stays queued in the producer (in order, per user), but the
+    /// renewals of the others must not wait behind it. After a broker restart an acknowledgement can take tens of
     /// seconds, longer than a lease; waiting for it here let every lease of the gateway
     /// expire in fanout, and pushes stopped for that long.
     pub async fn publish(&self, users: &[(UserId, usize)]) {

@@ -128,12 +128,7 @@ async fn metric(addr: &str, name: &str) -> Option<f64> {
         .text()
         .await
         .ok()?;
-    let values: Vec<f64> = text
-        .lines()
-        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
-        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
-        .collect();
-    (!values.is_empty()).then(|| values.iter().sum())
+    chatpipe_tests::metric_sum(&text, name, &[])
 }
 
 fn rss_kib(pid: u32) -> u64 {

@@ -221,10 +221,7 @@ async fn main() -> anyhow::Result<()> {
         "runs": reports,
         "summary": runs.json(),
     });
-    if let Some(dir) = std::path::Path::new(&args.out).parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    std::fs::write(&args.out, serde_json::to_vec_pretty(&report)?)?;
+    chatpipe_tests::bench::write_report(&args.out, &report)?;
     drop(clients);
     if !failures.is_empty() {
         bail!("delivery failed: {}", failures.join("; "));
@@ -553,11 +550,7 @@ async fn gauge(http: &reqwest::Client, url: &str, name: &str) -> anyhow::Result<
         .with_context(|| format!("reading {url}"))?
         .text()
         .await?;
-    Ok(page
-        .lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum())
+    Ok(chatpipe_tests::metric_sum(&page, name, &[]).unwrap_or(0.0))
 }
 
 fn rss_kib(pid: u32) -> anyhow::Result<u64> {

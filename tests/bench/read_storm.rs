@@ -227,11 +227,7 @@ async fn main() -> anyhow::Result<()> {
         "runs": reports,
         "summary": runs.json(),
     });
-    if let Some(dir) = std::path::Path::new(&args.out).parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    std::fs::write(&args.out, serde_json::to_vec_pretty(&report)?)?;
-    println!("report: {}", args.out);
+    chatpipe_tests::bench::write_report(&args.out, &report)?;
     Ok(())
 }
 

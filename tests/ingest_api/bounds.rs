@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use chatpipe_tests::{spawn_app_with, TestApp};
+use chatpipe_tests::{metric_sum, spawn_app_with, TestApp};
 use ingest_api::configuration::ReadMode;
 use serde_json::json;
 use sqlx::{Acquire, PgConnection};
@@ -53,21 +53,7 @@ async fn until_a_send_waits(app: &TestApp) {
 /// The sum of a counter's samples in the app's /metrics (shared by every app of this
 /// test process: callers compare before and after).
 async fn counter(app: &TestApp, name: &str) -> f64 {
-    let text = app
-        .http
-        .get(format!("{}/metrics", app.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| l.rsplit_once(' '))
-        .filter(|(series, _)| series.split('{').next() == Some(name))
-        .filter_map(|(_, v)| v.parse::<f64>().ok())
-        .sum()
+    metric_sum(&app.metrics().await, name, &[]).unwrap_or(0.0)
 }
 
 /// Retries `msg` as a client must after a 503, until it is answered; returns the status

@@ -1,30 +1,9 @@
-use chatpipe_tests::{spawn_app, spawn_app_with};
+use chatpipe_tests::{metric_sum, spawn_app, spawn_app_with};
 use sqlx::Connection;
 
-/// The sum of the samples of `name` whose labels include every one of `labels`
-/// (`key="value"`), read from Prometheus text: HELP and TYPE lines do not count.
+/// `name`'s samples with `labels` summed (0 when there are none).
 fn sample(text: &str, name: &str, labels: &[&str]) -> f64 {
-    text.lines()
-        .filter(|line| !line.starts_with('#'))
-        .filter_map(|line| {
-            let (series, value) = line.rsplit_once(' ')?;
-            let metric = series.split('{').next()?;
-            (metric == name && labels.iter().all(|l| series.contains(l)))
-                .then(|| value.parse::<f64>().ok())
-                .flatten()
-        })
-        .sum()
-}
-
-async fn metrics_text(app: &chatpipe_tests::TestApp) -> String {
-    app.http
-        .get(format!("{}/metrics", app.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    metric_sum(text, name, labels).unwrap_or(0.0)
 }
 
 #[tokio::test]
@@ -36,9 +15,9 @@ async fn health_readiness_and_metrics_answer_without_a_token() {
 
     let conv = app.user(10).create_group(&[20]).await;
     // Other tests in this process count too: compare before and after this one's send.
-    let before = metrics_text(&app).await;
+    let before = app.metrics().await;
     app.user(10).send_message(conv, "counted").await;
-    let after = metrics_text(&app).await;
+    let after = app.metrics().await;
     let grew =
         |name: &str, labels: &[&str]| sample(&after, name, labels) - sample(&before, name, labels);
     let send_route = [
@@ -61,7 +40,7 @@ async fn health_readiness_and_metrics_answer_without_a_token() {
     // until this app's figures show (a deadline, not a sleep).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
-        let text = metrics_text(&app).await;
+        let text = app.metrics().await;
         let (max, open) = (
             sample(&text, "db_pool_max_connections", &[]),
             sample(&text, "db_pool_connections", &[]),

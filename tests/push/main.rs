@@ -58,12 +58,7 @@ async fn a_message_reaches_the_other_member_and_a_read_reaches_the_senders_devic
 
     p.app.user(bob).mark_read(conversation, seq).await;
     for device in [&mut alice_phone, &mut alice_laptop] {
-        let (read, _) = device
-            .until(PUSH_DEADLINE, |f| f["type"] == "read.updated")
-            .await;
-        assert_eq!(read["conversationId"], conversation);
-        assert_eq!(read["userId"], bob);
-        assert_eq!(read["lastReadSeq"], seq);
+        expect_read(device, conversation, bob, seq).await;
     }
     gw.stop().await.unwrap();
     p.cleanup().await;
@@ -103,12 +98,7 @@ async fn a_read_through_the_receipts_processor_reaches_the_senders_devices() {
         .expect(202);
     assert_eq!(accepted["acceptedSeq"], seq);
     for device in [&mut alice_phone, &mut alice_laptop] {
-        let (read, _) = device
-            .until(PUSH_DEADLINE, |f| f["type"] == "read.updated")
-            .await;
-        assert_eq!(read["conversationId"], conversation);
-        assert_eq!(read["userId"], bob);
-        assert_eq!(read["lastReadSeq"], seq);
+        expect_read(device, conversation, bob, seq).await;
     }
     assert_eq!(p.app.watermark(conversation, bob).await, Some(seq));
     assert!(receipts.is_running());
@@ -243,6 +233,22 @@ async fn a_1000_member_group_pushes_light_to_its_50_online_members_and_the_rest_
     assert_eq!(page["messages"][0]["body"], "big news", "{page}");
     gw.stop().await.unwrap();
     p.cleanup().await;
+}
+
+/// Waits for `device`'s next read.updated frame and checks it says `reader` read
+/// `conversation` up to `seq`.
+async fn expect_read(
+    device: &mut chatpipe_tests::push::WsClient,
+    conversation: i64,
+    reader: i64,
+    seq: i64,
+) {
+    let (read, _) = device
+        .until(PUSH_DEADLINE, |f| f["type"] == "read.updated")
+        .await;
+    assert_eq!(read["conversationId"], conversation);
+    assert_eq!(read["userId"], reader);
+    assert_eq!(read["lastReadSeq"], seq);
 }
 
 /// Every frame a client sees until its connection closes (`None` if still open at the

@@ -46,18 +46,9 @@ pub async fn start_event_reader(
             .set("fetch.wait.max.ms", "5");
         c
     };
-    let probe: BaseConsumer = config.create()?;
-    let metadata = probe.fetch_metadata(Some(topic), Duration::from_secs(10))?;
-    let partitions = metadata
-        .topics()
-        .first()
-        .context("topic metadata")?
-        .partitions()
-        .len() as i32;
     let mut assignment = TopicPartitionList::new();
-    for p in 0..partitions {
-        let (_, high) = probe.fetch_watermarks(topic, p, Duration::from_secs(10))?;
-        assignment.add_partition_offset(topic, p, Offset::Offset(high))?;
+    for (p, high) in end_offsets(brokers, topic)?.into_iter().enumerate() {
+        assignment.add_partition_offset(topic, p as i32, Offset::Offset(high))?;
     }
     let consumer: StreamConsumer = config.create()?;
     consumer.assign(&assignment)?;
@@ -277,6 +268,17 @@ pub fn start_group_at_end(brokers: &str, group: &str, topic: &str, partitions: i
     committer
         .commit(&ends, CommitMode::Sync)
         .expect("committing the group's start");
+}
+
+/// Writes a benchmark's JSON report to `out` (its directory made if missing) and says
+/// where.
+pub fn write_report(out: &str, report: &serde_json::Value) -> anyhow::Result<()> {
+    if let Some(dir) = std::path::Path::new(out).parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(out, serde_json::to_vec_pretty(report)?)?;
+    println!("report: {out}");
+    Ok(())
 }
 
 /// Every partition's end offset (high watermark) of `topic`, in partition order: how many

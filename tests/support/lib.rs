@@ -33,6 +33,24 @@ pub const DEFAULT_REGISTRY_URL: &str = "http://127.0.0.1:8081/apis/ccompat/v7";
 pub const JWT_SECRET: &str = "test-secret-test-secret-test-secret!";
 const DB_PREFIX: &str = "cp_test_";
 
+/// The sum of the samples of metric `name` in Prometheus text whose labels include every
+/// one of `labels` (`key="value"`); HELP and TYPE lines do not count. `None` when no
+/// sample of `name` is there.
+pub fn metric_sum(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    let values: Vec<f64> = text
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let metric = series.split('{').next()?;
+            (metric == name && labels.iter().all(|l| series.contains(l)))
+                .then(|| value.parse::<f64>().ok())
+                .flatten()
+        })
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
 pub fn server_url() -> String {
     std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned())
 }
@@ -258,6 +276,19 @@ impl TestApp {
             .fetch_one(&self.pool)
             .await
             .expect(sql)
+    }
+
+    /// The app's /metrics page. Every app of a test process shares one recorder: compare
+    /// readings before and after, not absolute values.
+    pub async fn metrics(&self) -> String {
+        self.http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .expect("GET /metrics")
+            .text()
+            .await
+            .expect("the /metrics body")
     }
 
     /// How many times PostgreSQL ran statements whose text contains `fragment` in this
