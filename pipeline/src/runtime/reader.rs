@@ -177,6 +177,7 @@ struct ReaderMetrics {
     commit_failures: metrics::Counter,
     retrying: metrics::Gauge,
     refetches: metrics::Counter,
+    leader_queries: metrics::Counter,
 }
 
 impl ReaderMetrics {
@@ -189,6 +190,7 @@ impl ReaderMetrics {
             commit_failures: metrics::counter!(format!("{prefix}_commit_failures_total")),
             retrying: metrics::gauge!(format!("{prefix}_retrying")),
             refetches: metrics::counter!(format!("{prefix}_refetches_total")),
+            leader_queries: metrics::counter!(format!("{prefix}_leader_queries_total")),
         }
     }
 }
@@ -205,6 +207,8 @@ struct Shared<P> {
     paused: AtomicBool,
     /// Partitions revoked since the loop last looked.
     revoked: Mutex<Vec<i32>>,
+    /// Assigned partitions the client knows no leader for, from its last statistics.
+    leaderless: Mutex<Vec<i32>>,
 }
 
 impl<P> Shared<P> {
@@ -230,6 +234,13 @@ impl<P: Processor> ClientContext for ReaderContext<P> {
             return;
         };
         let mut total = 0;
+        let leaderless: Vec<i32> = topic
+            .partitions
+            .iter()
+            .filter(|(partition, p)| **partition >= 0 && p.desired && (p.leader < 0 || p.unknown))
+            .map(|(partition, _)| *partition)
+            .collect();
+        *self.shared.leaderless.lock().expect("leaderless lock") = leaderless;
         for (partition, p) in &topic.partitions {
             if *partition < 0 || !p.desired || p.ls_offset < 0 {
                 continue;
@@ -411,6 +422,7 @@ pub struct Reader<P: Processor> {
     backoff: Backoff,
     hold: Option<Hold>,
     watch: FetchWatch,
+    leaders: LeaderWatch,
 }
 
 /// Catches a consumer that stopped fetching. After a broker restart librdkafka can leave
@@ -452,6 +464,49 @@ impl FetchWatch {
             health.release();
             tracing::info!(reader, "records arrive again");
         }
+    }
+}
+
+/// How long one metadata request for the reader's topic may take.
+const LEADER_QUERY_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Catches partitions the client has lost the leader of. A broker that stops moves its
+/// partitions to "no leader"; the client parks them and asks for their leaders again,
+/// but after a restart that question can stay unasked for tens of seconds (a metadata
+/// request lost with the old connection keeps newer ones back), and nothing is fetched
+/// from those partitions meanwhile, even from a broker that is back and serving: a
+/// restarted broker once left fanout pushing nothing for over 35 s. The client's own
+/// statistics (every second) list an assigned partition without a leader; while any is
+/// listed, the reader asks the broker for its topic's metadata itself, first after 1 s,
+/// then at doubling intervals up to `readers.fetch_check_ms`.
+struct LeaderWatch {
+    first: Duration,
+    most: Duration,
+    wait: Duration,
+    next_ask: Instant,
+}
+
+impl LeaderWatch {
+    fn new(most: Duration) -> Self {
+        let first = Duration::from_secs(1).min(most);
+        Self {
+            first,
+            most,
+            wait: first,
+            next_ask: Instant::now() + first,
+        }
+    }
+
+    /// Asked now: the next question waits twice as long (up to `most`).
+    fn asked(&mut self, now: Instant) {
+        self.next_ask = now + self.wait;
+        self.wait = (self.wait * 2).min(self.most);
+    }
+
+    /// Every partition has a leader: the next loss is asked about after `first`.
+    fn calm(&mut self) {
+        self.wait = self.first;
+        self.next_ask = Instant::now() + self.first;
     }
 }
 
@@ -506,6 +561,7 @@ impl<P: Processor> Reader<P> {
             health,
             paused: AtomicBool::new(false),
             revoked: Mutex::default(),
+            leaderless: Mutex::default(),
         });
         let consumer: BaseConsumer<ReaderContext<P>> = config
             .create_with_context(ReaderContext {
@@ -532,6 +588,7 @@ impl<P: Processor> Reader<P> {
             backoff,
             hold: None,
             watch: FetchWatch::new(spec_fetch_check),
+            leaders: LeaderWatch::new(spec_fetch_check),
         };
         reader.start()?;
         Ok(reader)
@@ -646,6 +703,7 @@ impl<P: Processor> Reader<P> {
             if self.watch.due(Instant::now()) {
                 self.check_fetching();
             }
+            self.watch_leaders();
         }
         self.finish();
         Ok(())
@@ -659,6 +717,7 @@ impl<P: Processor> Reader<P> {
             return;
         };
         let timeout = Duration::from_secs(2);
+        let (mut asked, mut answered) = (0, 0);
         let mut waiting = 0;
         let mut refetched = Vec::new();
         let mut lost = Vec::new();
@@ -666,6 +725,7 @@ impl<P: Processor> Reader<P> {
             let Offset::Offset(position) = e.offset() else {
                 continue;
             };
+            asked += 1;
             let end = match self
                 .consumer
                 .fetch_watermarks(&topic, e.partition(), timeout)
@@ -678,9 +738,11 @@ impl<P: Processor> Reader<P> {
                     lost.push((e.partition(), position));
                     continue;
                 }
-                // The broker does not answer: an outage, which the reader waits out.
-                Err(_) => return,
+                // No answer for this partition (its request may wait behind a fetch):
+                // the others are still checked.
+                Err(_) => continue,
             };
+            answered += 1;
             if end > position {
                 waiting += end - position;
                 let seek =
@@ -693,8 +755,17 @@ impl<P: Processor> Reader<P> {
                 refetched.push(e.partition());
             }
         }
+        if asked > 0 && answered == 0 && lost.is_empty() {
+            // The broker does not answer: an outage, which the reader waits out.
+            return;
+        }
         if !lost.is_empty() {
-            self.recover_partitions(&lost, &positions);
+            self.core
+                .shared
+                .metrics
+                .refetches
+                .increment(lost.len() as u64);
+            self.ask_for_leaders();
         }
         if waiting > 0 || !lost.is_empty() {
             tracing::warn!(
@@ -718,27 +789,54 @@ impl<P: Processor> Reader<P> {
         self.watch.stuck = stuck;
     }
 
-    /// Partitions the client's metadata lost: ask the broker for the topic's metadata
-    /// again and, for a reader that assigns its partitions itself, assign them again from
-    /// where it stands (a group reader's partitions are the group's to give).
-    fn recover_partitions(&mut self, lost: &[(i32, i64)], positions: &TopicPartitionList) {
-        let topic = self.spec().topic.clone();
-        self.core
+    /// Assigned partitions the client knows no leader for (its statistics say so every
+    /// second): ask the broker for the topic's metadata, at most every
+    /// [`LeaderWatch`]'s interval. See [`LeaderWatch`] for why.
+    fn watch_leaders(&mut self) {
+        let now = Instant::now();
+        if now < self.leaders.next_ask {
+            return;
+        }
+        let leaderless = self
+            .core
             .shared
-            .metrics
-            .refetches
-            .increment(lost.len() as u64);
+            .leaderless
+            .lock()
+            .expect("leaderless lock")
+            .clone();
+        if leaderless.is_empty() {
+            if self.leaders.wait != self.leaders.first {
+                tracing::info!(reader = %self.spec().name, "every partition has a leader again");
+            }
+            self.leaders.calm();
+            return;
+        }
+        if self.leaders.wait == self.leaders.first {
+            tracing::info!(reader = %self.spec().name, partitions = ?leaderless, "no leader known for these partitions: asking the broker");
+        }
+        self.leaders.asked(now);
+        self.ask_for_leaders();
+    }
+
+    /// Asks the broker for the topic's metadata (the client takes the leaders it
+    /// learns) and, for a reader that assigns its partitions itself, assigns them again
+    /// from where it stands (a group reader's partitions are the group's to give).
+    fn ask_for_leaders(&mut self) {
+        let topic = self.spec().topic.clone();
+        self.core.shared.metrics.leader_queries.increment(1);
         if let Err(err) = self
             .consumer
-            .fetch_metadata(Some(&topic), Duration::from_secs(5))
+            .fetch_metadata(Some(&topic), LEADER_QUERY_TIMEOUT)
         {
-            tracing::warn!(reader = %self.spec().name, "refreshing the metadata of {topic}: {err}");
+            tracing::warn!(reader = %self.spec().name, "asking for the metadata of {topic}: {err}");
             return;
         }
         if !matches!(self.spec().source, Source::Assigned { .. }) {
             return;
         }
-        let Ok(assignment) = self.consumer.assignment() else {
+        let (Ok(assignment), Ok(positions)) =
+            (self.consumer.assignment(), self.consumer.position())
+        else {
             return;
         };
         let mut tpl = TopicPartitionList::new();
@@ -917,5 +1015,29 @@ impl<P: Processor> Reader<P> {
         }
         self.core.shared.health.finish();
         tracing::info!(reader = %self.spec().name, "reader stopped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leaders_are_asked_for_after_a_second_then_at_doubling_intervals_up_to_the_cap() {
+        let mut watch = LeaderWatch::new(Duration::from_secs(5));
+        let start = Instant::now();
+        assert!(watch.next_ask >= start + Duration::from_millis(900));
+        let mut gaps = Vec::new();
+        for _ in 0..5 {
+            let now = watch.next_ask;
+            watch.asked(now);
+            gaps.push((watch.next_ask - now).as_secs());
+        }
+        assert_eq!(gaps, [1, 2, 4, 5, 5]);
+        // Every partition led again: the next loss starts from a second.
+        watch.calm();
+        let now = Instant::now();
+        watch.asked(now);
+        assert_eq!((watch.next_ask - now).as_secs(), 1);
     }
 }
