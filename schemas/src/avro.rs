@@ -109,9 +109,41 @@ impl EventCodec {
         from_value(self.0.decode(bytes)?)
     }
 
+    /// The framed bytes of `message` around its seq: the event is `head`, then the
+    /// seq as an Avro long, then `tail` (`message.seq` itself is ignored). The send
+    /// statement takes the seq under the conversation's lock and splices it in
+    /// (`chat_avro_long` in migrations/), so the event is written in the statement
+    /// that writes the message.
+    pub fn message_new_around_seq(&self, message: &MessageNew) -> SeqSplice {
+        let with = |seq| {
+            let mut m = message.clone();
+            m.seq = crate::Seq::of(seq);
+            self.encode(&ChatEvent::MessageNew(m))
+        };
+        // Seqs 1 and 2 are one byte each (zigzag 2 and 4): the one byte that differs.
+        let (one, two) = (with(1), with(2));
+        let at = one
+            .iter()
+            .zip(&two)
+            .position(|(a, b)| a != b)
+            .expect("the seq is part of the encoding");
+        debug_assert_eq!((one.len(), one[at], two[at]), (two.len(), 2, 4));
+        SeqSplice {
+            head: one[..at].to_vec(),
+            tail: one[at + 1..].to_vec(),
+        }
+    }
+
     pub fn schema(&self) -> &Schema {
         self.0.schema()
     }
+}
+
+/// A framed `message.new` without its seq: see [`EventCodec::message_new_around_seq`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeqSplice {
+    pub head: Vec<u8>,
+    pub tail: Vec<u8>,
 }
 
 /// Splits the Confluent frame into schema id and Avro body.
@@ -504,6 +536,42 @@ mod tests {
                 occurred_at: at(),
             }),
         ]
+    }
+
+    /// An Avro long as the specification writes it: zigzag, then 7-bit groups.
+    fn avro_long(n: i64) -> Vec<u8> {
+        let mut z = ((n << 1) ^ (n >> 63)) as u64;
+        let mut out = Vec::new();
+        loop {
+            let b = (z & 0x7f) as u8;
+            z >>= 7;
+            if z == 0 {
+                out.push(b);
+                return out;
+            }
+            out.push(b | 0x80);
+        }
+    }
+
+    #[test]
+    fn a_seq_spliced_between_head_and_tail_is_the_event_encoded_with_it() {
+        let codec = EventCodec::new(17);
+        let ChatEvent::MessageNew(m) = every_event().remove(0) else {
+            unreachable!()
+        };
+        let splice = codec.message_new_around_seq(&m);
+        for seq in [1, 2, 63, 64, 8191, 8192, 1 << 40, i64::MAX] {
+            let mut spliced = splice.head.clone();
+            spliced.extend(avro_long(seq));
+            spliced.extend(&splice.tail);
+            let mut expected = m.clone();
+            expected.seq = Seq::of(seq);
+            assert_eq!(
+                spliced,
+                codec.encode(&ChatEvent::MessageNew(expected)),
+                "seq {seq}"
+            );
+        }
     }
 
     #[test]
