@@ -29,6 +29,11 @@ impl Outbox {
         &self.codec
     }
 
+    /// Whether rows are deleted in the transaction that wrote them.
+    pub fn deletes_after_write(&self) -> bool {
+        self.delete_after_write
+    }
+
     /// Writes events in the caller's transaction, in the given order.
     pub async fn write(
         &self,

@@ -34,6 +34,7 @@ pub struct Settings {
     pub outbox: OutboxSettings,
     pub reads: ReadSettings,
     pub kafka: KafkaSettings,
+    pub sends: crate::store::send::SendSettings,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

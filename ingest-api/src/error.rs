@@ -37,6 +37,9 @@ pub enum ApiError {
     ReceiptsUnavailable(#[from] crate::receipts::ProduceError),
     #[error("database pool exhausted: {0}")]
     Unavailable(sqlx::Error),
+    /// A send's batch failed or its conversation's lane is full: nothing was written.
+    #[error("{0}")]
+    SendUnavailable(String),
     #[error("database error: {0}")]
     Database(sqlx::Error),
 }
@@ -141,6 +144,12 @@ impl ApiError {
                 "unavailable",
                 "Service unavailable",
                 "the database is busy; retry with the same clientMsgId",
+            ),
+            Self::SendUnavailable(_) => Problem::new(
+                S::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "Service unavailable",
+                "the message was not written; retry with the same clientMsgId",
             ),
             // The cause goes to the log, not to the client.
             Self::Database(_) => Problem::new(

@@ -19,6 +19,7 @@ use crate::configuration::{DatabaseSettings, Settings};
 use crate::receipts::ReceiptProducer;
 use crate::routes;
 use crate::state::AppState;
+use crate::store::send::SendQueue;
 use crate::store::{Outbox, Store};
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
@@ -61,11 +62,13 @@ impl Application {
                 )
             }
         };
+        let store = Store {
+            pool: pool.clone(),
+            outbox: Outbox::new(codec, settings.outbox.delete_after_write),
+        };
         let state = AppState {
-            store: Store {
-                pool: pool.clone(),
-                outbox: Outbox::new(codec, settings.outbox.delete_after_write),
-            },
+            sends: SendQueue::new(store.clone(), settings.sends.clone()),
+            store,
             keys,
             limits: Arc::new(settings.limits.clone()),
             max_request_bytes: settings.http.max_request_bytes,

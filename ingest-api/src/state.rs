@@ -7,12 +7,15 @@ use chatpipe_core::telemetry::PrometheusHandle;
 
 use crate::configuration::Limits;
 use crate::receipts::ReceiptProducer;
+use crate::store::send::SendQueue;
 use crate::store::Store;
 
 /// What every handler can reach.
 #[derive(Clone)]
 pub struct AppState {
     pub store: Store,
+    /// The send path's lanes (group commit per conversation).
+    pub sends: SendQueue,
     pub keys: TokenKeys,
     pub limits: Arc<Limits>,
     pub max_request_bytes: usize,

@@ -310,9 +310,10 @@ async fn a_standard_confluent_deserializer_in_python_reads_chat_events() {
 }
 
 /// Invariant 2's other half: a send whose transaction rolls back writes no event. Here
-/// the rollback comes at COMMIT, after the message, its seq and its outbox row were
-/// written (a deferred check refuses the body "doomed"): PostgreSQL counts the send
-/// statement, yet nothing reaches chat.events, and the next send takes the same seq.
+/// the rollback comes at COMMIT, after the send statement wrote the message, its seq and
+/// its outbox row (a deferred check refuses the body "doomed"): PostgreSQL counts the
+/// send statement, the caller gets 503, yet nothing reaches chat.events, and the next
+/// send takes the same seq.
 #[tokio::test]
 async fn a_send_rolled_back_at_commit_leaves_no_event_and_no_gap() {
     let p = spawn_pipeline().await;
@@ -326,8 +327,7 @@ async fn a_send_rolled_back_at_commit_leaves_no_event_and_no_gap() {
     ] {
         sqlx::query(ddl).execute(&p.app.pool).await.unwrap();
     }
-    let send_statement =
-        "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES ($7";
+    let send_statement = "FROM chat_send(";
     let sends_before = p.app.statement_calls(send_statement).await;
     let problem = p
         .app
@@ -337,12 +337,12 @@ async fn a_send_rolled_back_at_commit_leaves_no_event_and_no_gap() {
             serde_json::json!({"clientMsgId": uuid::Uuid::new_v4(), "body": "doomed"}),
         )
         .await
-        .problem(500);
+        .problem(503);
     assert!(
         problem["detail"]
             .as_str()
             .unwrap()
-            .contains("changed nothing"),
+            .contains("was not written"),
         "{problem}"
     );
     assert_eq!(

@@ -23,7 +23,7 @@ use chatpipe_schemas::registry::Registry;
 use chatpipe_schemas::ChatEvent;
 use ingest_api::configuration::{ReadMode, Settings};
 use ingest_api::startup::Application;
-use secrecy::SecretString;
+use secrecy::{ExposeSecret, SecretString};
 use serde_json::Value;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, Executor, PgConnection, PgPool};
@@ -140,6 +140,16 @@ pub async fn spawn_app() -> TestApp {
     spawn_app_with(|_| {}).await
 }
 
+/// A second ingest-api process on `app`'s database, as a deployment runs several.
+pub async fn spawn_app_beside(app: &TestApp) -> TestApp {
+    let url: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(&app.pool)
+        .await
+        .map(|db: String| with_database(&server_url(), &db))
+        .expect("the first app's database");
+    spawn_app_with(|s| s.database.url = SecretString::from(url)).await
+}
+
 /// Starts ingest-api on 127.0.0.1:0 with the compiled-in defaults, a fresh database and
 /// whatever `adjust` changes. Outbox rows are kept (`outbox.delete_after_write = false`)
 /// so tests can read what each transaction wrote.
@@ -160,6 +170,8 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     settings.reads.mode = ReadMode::Direct;
     settings.kafka.brokers = stream::brokers();
     adjust(&mut settings);
+    // `adjust` may point the app at another app's database (a second process).
+    let url = settings.database.url.expose_secret().to_owned();
     let registry = Registry::new(&settings.registry.url, Duration::from_secs(5)).unwrap();
     let codec = registry
         .event_codec_for(&settings.registry.events_subject)

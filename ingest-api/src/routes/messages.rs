@@ -8,7 +8,8 @@ use crate::domain::{page_limit, MessageBody};
 use crate::error::ApiError;
 use crate::extract::{Caller, ConversationPath, Json, Query};
 use crate::state::AppState;
-use crate::store::messages::{self as store, Page, SendOutcome};
+use crate::store::messages::{self as store, Page};
+use crate::store::send::SendOutcome;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -26,7 +27,11 @@ pub async fn send(
 ) -> Result<impl IntoResponse, ApiError> {
     let body = MessageBody::parse(req.body, &state.limits)?;
     Ok(
-        match store::send(&state.store, conversation, sender, req.client_msg_id, &body).await? {
+        match state
+            .sends
+            .send(conversation, sender, req.client_msg_id, &body)
+            .await?
+        {
             SendOutcome::Created(sent) => (StatusCode::CREATED, axum::Json(sent)),
             SendOutcome::Replayed(sent) => (StatusCode::OK, axum::Json(sent)),
         },

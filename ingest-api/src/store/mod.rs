@@ -5,6 +5,7 @@ pub mod conversations;
 pub mod inbox;
 pub mod messages;
 pub mod reads;
+pub mod send;
 
 pub use chatpipe_core::outbox::Outbox;
 use sqlx::PgPool;
