@@ -3,6 +3,37 @@
 use crate::configuration::Limits;
 use crate::error::ApiError;
 
+/// A conversation's type, spelled as the `conversation.type` column, the API and the
+/// `conversation.created` event spell it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, sqlx::Type)]
+#[serde(rename_all = "UPPERCASE")]
+#[sqlx(type_name = "text", rename_all = "UPPERCASE")]
+pub enum ConversationKind {
+    Direct,
+    Group,
+}
+
+impl ConversationKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Direct => "DIRECT",
+            Self::Group => "GROUP",
+        }
+    }
+}
+
+impl std::str::FromStr for ConversationKind {
+    type Err = ();
+
+    fn from_str(s: &str) -> Result<Self, ()> {
+        match s {
+            "DIRECT" => Ok(Self::Direct),
+            "GROUP" => Ok(Self::Group),
+            _ => Err(()),
+        }
+    }
+}
+
 /// A message body: not blank, at most `limits.max_body_chars` characters.
 #[derive(Debug, Clone)]
 pub struct MessageBody(String);

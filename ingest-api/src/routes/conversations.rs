@@ -4,7 +4,7 @@ use axum::response::IntoResponse;
 use chatpipe_core::{ConversationId, UserId};
 use serde::Deserialize;
 
-use crate::domain::{parse_title, user_ids};
+use crate::domain::{parse_title, user_ids, ConversationKind};
 use crate::error::ApiError;
 use crate::extract::{Caller, ConversationPath, Json, PathParams};
 use crate::state::AppState;
@@ -25,7 +25,7 @@ pub async fn create(
     Caller(caller): Caller,
     Json(req): Json<CreateConversation>,
 ) -> Result<impl IntoResponse, ApiError> {
-    if req.kind != "GROUP" {
+    if req.kind.parse() != Ok(ConversationKind::Group) {
         return Err(ApiError::invalid(
             "type",
             "must be \"GROUP\"; open a DIRECT conversation with POST /direct",

@@ -7,6 +7,7 @@ use serde::Serialize;
 use sqlx::PgConnection;
 
 use super::{now, Store};
+use crate::domain::ConversationKind;
 use crate::error::ApiError;
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
@@ -16,7 +17,7 @@ pub struct ConversationView {
     pub conversation_id: i64,
     #[serde(rename = "type")]
     #[sqlx(rename = "type")]
-    pub kind: String,
+    pub kind: ConversationKind,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub title: Option<String>,
     pub created_by: i64,
@@ -62,7 +63,7 @@ pub async fn create_group(
     let members = insert_members(&mut tx, id, &member_ids, Watermark::ZERO).await?;
     let mut events = vec![ChatEvent::ConversationCreated(ConversationCreated {
         conversation_id: id,
-        conversation_type: "GROUP".into(),
+        conversation_type: ConversationKind::Group.as_str().into(),
         title,
         created_by: creator,
         occurred_at: at,
@@ -123,7 +124,7 @@ pub async fn open_direct(
     let members = insert_members(&mut tx, id, &[low.get(), high.get()], Watermark::ZERO).await?;
     let mut events = vec![ChatEvent::ConversationCreated(ConversationCreated {
         conversation_id: id,
-        conversation_type: "DIRECT".into(),
+        conversation_type: ConversationKind::Direct.as_str().into(),
         title: None,
         created_by: caller,
         occurred_at: at,
@@ -159,7 +160,7 @@ async fn find_direct(
 #[derive(sqlx::FromRow)]
 struct Locked {
     #[sqlx(rename = "type")]
-    kind: String,
+    kind: ConversationKind,
     created_by: i64,
     last_seq: i64,
     member_count: i32,
@@ -192,7 +193,7 @@ async fn lock_group_as_member(
     caller: UserId,
 ) -> Result<Locked, ApiError> {
     let locked = lock_as_member(conn, conversation, caller).await?;
-    if locked.kind == "DIRECT" {
+    if locked.kind == ConversationKind::Direct {
         return Err(ApiError::conflict(
             "direct-membership-fixed",
             "a DIRECT conversation has exactly its two members",

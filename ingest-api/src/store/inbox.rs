@@ -14,7 +14,7 @@ use crate::error::ApiError;
 pub struct InboxEntry {
     pub conversation_id: i64,
     #[serde(rename = "type")]
-    pub kind: String,
+    pub kind: crate::domain::ConversationKind,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub title: Option<String>,
     pub last_seq: i64,

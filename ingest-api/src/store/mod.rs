@@ -28,7 +28,7 @@ use crate::error::ApiError;
 #[derive(Debug, sqlx::FromRow)]
 pub struct MemberView {
     #[sqlx(rename = "type")]
-    pub kind: String,
+    pub kind: crate::domain::ConversationKind,
     pub member_count: i32,
     pub last_seq: i64,
     pub last_read_seq: i64,

@@ -120,7 +120,7 @@ pub async fn receipts(
     .await?
     .ok_or(ApiError::NotFound { what: "message" })?;
 
-    Ok(if kind == "DIRECT" {
+    Ok(if kind == crate::domain::ConversationKind::Direct {
         Receipts::Direct {
             conversation_id: conversation.get(),
             seq: seq.get(),
