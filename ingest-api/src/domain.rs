@@ -43,6 +43,14 @@ impl MessageBody {
         if raw.trim().is_empty() {
             return Err(ApiError::invalid("body", "must not be empty"));
         }
+        // PostgreSQL text cannot hold U+0000: refused here, it would fail the whole
+        // batch of sends it was written with, again on every retry.
+        if raw.contains('\0') {
+            return Err(ApiError::invalid(
+                "body",
+                "must not contain the character U+0000",
+            ));
+        }
         let chars = raw.chars().count();
         if chars > limits.max_body_chars {
             return Err(ApiError::invalid(
