@@ -114,11 +114,13 @@ impl EventCodec {
     /// statement takes the seq under the conversation's lock and splices it in
     /// (`chat_avro_long` in migrations/), so the event is written in the statement
     /// that writes the message.
-    pub fn message_new_around_seq(&self, message: &MessageNew) -> SeqSplice {
-        let with = |seq| {
-            let mut m = message.clone();
-            m.seq = crate::Seq::of(seq);
-            self.encode(&ChatEvent::MessageNew(m))
+    pub fn message_new_around_seq(&self, message: MessageNew) -> SeqSplice {
+        let mut event = ChatEvent::MessageNew(message);
+        let mut with = |seq| {
+            if let ChatEvent::MessageNew(m) = &mut event {
+                m.seq = crate::Seq::of(seq);
+            }
+            self.encode(&event)
         };
         // Seqs 1 and 2 are one byte each (zigzag 2 and 4): the one byte that differs.
         let (one, two) = (with(1), with(2));
@@ -559,7 +561,7 @@ mod tests {
         let ChatEvent::MessageNew(m) = every_event().remove(0) else {
             unreachable!()
         };
-        let splice = codec.message_new_around_seq(&m);
+        let splice = codec.message_new_around_seq(m.clone());
         for seq in [1, 2, 63, 64, 8191, 8192, 1 << 40, i64::MAX] {
             let mut spliced = splice.head.clone();
             spliced.extend(avro_long(seq));

@@ -240,7 +240,7 @@ async fn the_seq_spliced_by_postgresql_gives_the_bytes_the_codec_writes() {
         body: "Grüße 👋".into(),
         created_at: chatpipe_core::outbox::now(),
     };
-    let splice = app.codec.message_new_around_seq(&message);
+    let splice = app.codec.message_new_around_seq(message.clone());
     for seq in [1, 2, 63, 64, 8191, 8192, 1 << 35, i64::MAX] {
         let spliced: Vec<u8> = sqlx::query_scalar("SELECT $1 || chat_avro_long($2) || $3")
             .bind(&splice.head)

@@ -251,7 +251,7 @@ async fn chat_send(
     let codec = store.outbox.codec();
     let (mut heads, mut tails) = (Vec::new(), Vec::new());
     for p in batch {
-        let splice = codec.message_new_around_seq(&MessageNew {
+        let splice = codec.message_new_around_seq(MessageNew {
             conversation_id: conversation,
             // Taken by the statement under the lock; spliced into the bytes there.
             seq: Seq::of(1),

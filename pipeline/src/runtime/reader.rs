@@ -234,15 +234,15 @@ impl<P: Processor> ClientContext for ReaderContext<P> {
             return;
         };
         let mut total = 0;
-        let leaderless: Vec<i32> = topic
-            .partitions
-            .iter()
-            .filter(|(partition, p)| **partition >= 0 && p.desired && (p.leader < 0 || p.unknown))
-            .map(|(partition, _)| *partition)
-            .collect();
-        *self.shared.leaderless.lock().expect("leaderless lock") = leaderless;
+        let mut leaderless = Vec::new();
         for (partition, p) in &topic.partitions {
-            if *partition < 0 || !p.desired || p.ls_offset < 0 {
+            if *partition < 0 || !p.desired {
+                continue;
+            }
+            if p.leader < 0 || p.unknown {
+                leaderless.push(*partition);
+            }
+            if p.ls_offset < 0 {
                 continue;
             }
             let position = [p.app_offset, p.committed_offset, p.next_offset]
@@ -254,6 +254,7 @@ impl<P: Processor> ClientContext for ReaderContext<P> {
                 .set(lag as f64);
             total += lag;
         }
+        *self.shared.leaderless.lock().expect("leaderless lock") = leaderless;
         self.shared.health.set_lag(total);
     }
 }
