@@ -18,6 +18,7 @@ fn bin(var: &str) -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_drill_of_three_faults_under_load_loses_nothing() {
+    chatpipe_tests::watchdog::arm();
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .unwrap()

@@ -10,3 +10,4 @@ mod operations;
 mod reads;
 mod schema_contract;
 mod send;
+mod watchdog;

@@ -12,6 +12,7 @@ pub mod drill;
 pub mod pgstats;
 pub mod push;
 pub mod stream;
+pub mod watchdog;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -111,6 +112,7 @@ async fn drop_stale_databases(admin: &mut PgConnection) {
 
 /// A fresh, empty database on the test server; migrations are applied by the app.
 pub async fn fresh_database() -> String {
+    watchdog::arm();
     static COUNTER: AtomicU32 = AtomicU32::new(0);
     let mut admin = admin_connection().await;
     drop_stale_databases(&mut admin).await;
@@ -196,7 +198,12 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     TestApp {
         base,
         pool,
-        http: reqwest::Client::new(),
+        // Far above the app's own request timeout: a request that hangs fails the test
+        // with its URL instead of hanging it.
+        http: reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .expect("HTTP client"),
         keys,
         codec,
     }

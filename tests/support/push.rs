@@ -244,10 +244,13 @@ impl RunningGateway {
             .to_owned()
     }
 
-    /// Stops it as SIGTERM would, and waits until it has.
+    /// Stops it as SIGTERM would, and waits until it has (an error after 30 s: its own
+    /// shutdown is bounded well below that).
     pub async fn stop(mut self) -> anyhow::Result<()> {
         let _ = self.stop.take().expect("running").send(());
-        (&mut self.task).await?
+        tokio::time::timeout(Duration::from_secs(30), &mut self.task)
+            .await
+            .map_err(|_| anyhow::anyhow!("the gateway did not stop within 30 s"))??
     }
 }
 
@@ -297,10 +300,16 @@ impl WsClient {
         Self { ws }
     }
 
+    /// Connects, or fails after 30 s: a gateway that accepted the socket but never
+    /// answers the upgrade (stuck before it serves) fails the test here, with its URL.
     pub async fn try_connect(url: &str, token: &str) -> anyhow::Result<Self> {
-        Ok(Self {
-            ws: gateway::client::connect(url, token).await?,
-        })
+        let ws = tokio::time::timeout(
+            Duration::from_secs(30),
+            gateway::client::connect(url, token),
+        )
+        .await
+        .map_err(|_| anyhow::anyhow!("no WebSocket upgrade from {url} within 30 s"))??;
+        Ok(Self { ws })
     }
 
     /// The next JSON frame or close, answering pings; None at the deadline.

@@ -74,6 +74,7 @@ pub async fn spawn_pipeline() -> Pipeline {
 /// for a receipts processor ([`Pipeline::start_receipts`]).
 pub async fn spawn_pipeline_with(reads: ReadMode) -> Pipeline {
     static COUNTER: AtomicU32 = AtomicU32::new(0);
+    crate::watchdog::arm();
     remove_stale_namespaces().await;
     let ns = format!(
         "{NS_PREFIX}{}x{}x{}",
@@ -421,8 +422,16 @@ fn connector_config(db: &str, slot: &str, ns: &str, topic: &str) -> Value {
     config
 }
 
+/// A client of the Connect REST API whose calls fail instead of hanging.
+fn connect_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("HTTP client")
+}
+
 async fn register_connector(name: &str, db: &str, slot: &str, ns: &str, topic: &str) {
-    let res = reqwest::Client::new()
+    let res = connect_client()
         .put(format!("{}/connectors/{name}/config", connect_url()))
         .json(&connector_config(db, slot, ns, topic))
         .send()
@@ -480,7 +489,7 @@ pub async fn wait_until_streaming(connector: &str, slot: &str) {
 
 /// Deletes a namespace's connector, slot and topics. Waits for the slot to be released.
 async fn remove_namespace(ns: &str, connector: Option<&str>, slot: Option<&str>) {
-    let http = reqwest::Client::new();
+    let http = connect_client();
     if let Some(c) = connector {
         let _ = http
             .delete(format!("{}/connectors/{c}", connect_url()))
@@ -653,6 +662,11 @@ pub async fn dlq_records(topic: &str, n: usize) -> Vec<(String, Vec<u8>, Vec<(St
             headers,
         ));
     }
+    // Closing leaves the group, a broker round trip: off the runtime, whose thread also
+    // runs the services under test.
+    tokio::task::spawn_blocking(move || drop(consumer))
+        .await
+        .expect("closing the DLQ consumer");
     out
 }
 
