@@ -69,7 +69,7 @@ impl Application {
         let state = AppState {
             sends: SendQueue::new(store.clone(), settings.sends.clone()),
             store,
-            keys,
+            keys: Arc::new(keys),
             limits: Arc::new(settings.limits.clone()),
             max_request_bytes: settings.http.max_request_bytes,
             metrics: chatpipe_core::telemetry::metrics_handle(),

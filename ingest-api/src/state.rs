@@ -16,7 +16,8 @@ pub struct AppState {
     pub store: Store,
     /// The send path's lanes (group commit per conversation).
     pub sends: SendQueue,
-    pub keys: TokenKeys,
+    /// Shared: axum clones the state for every request.
+    pub keys: Arc<TokenKeys>,
     pub limits: Arc<Limits>,
     pub max_request_bytes: usize,
     pub metrics: PrometheusHandle,

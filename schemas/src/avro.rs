@@ -4,6 +4,8 @@
 //! The mapping is written out field by field rather than derived: the Avro record is
 //! the published contract and should not change because a Rust type was renamed.
 
+use std::sync::Arc;
+
 use apache_avro::types::Value;
 use apache_avro::Schema;
 use chrono::{DateTime, Utc};
@@ -30,9 +32,11 @@ impl From<apache_avro::Error> for CodecError {
 }
 
 /// One schema under one registered id: Avro values in and out of the Confluent frame.
+/// Cloning is cheap (the parsed schema is shared): services hold codecs in state that
+/// axum clones for every request, and a parsed schema is a tree of maps.
 #[derive(Debug, Clone)]
 pub struct Framed {
-    schema: Schema,
+    schema: Arc<Schema>,
     schema_id: u32,
 }
 
@@ -40,7 +44,10 @@ impl Framed {
     pub fn new(schema_json: &str, schema_id: u32) -> Self {
         let schema =
             Schema::parse_str(schema_json).expect("the schemas in schemas/ are valid Avro");
-        Self { schema, schema_id }
+        Self {
+            schema: Arc::new(schema),
+            schema_id,
+        }
     }
 
     pub fn schema_id(&self) -> u32 {

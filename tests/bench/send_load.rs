@@ -4,6 +4,10 @@
 //!
 //!   eval "$(scripts/stack env)"; send-load --base http://127.0.0.1:8080 --secret-file .stack/jwt-secret
 //!
+//! Each run ends with the baseline the issue's goals are stated against: the design's
+//! send SQL run raw by pgbench on the same server (see `pgbench`), and the API's
+//! throughput as ratios of it: spread/seed, spread/one statement, hot/seed hot.
+//!
 //! After each phase it checks the invariant the load could break: the seqs the 201s
 //! returned for each conversation are exactly 1..=n with no duplicate, the stored
 //! `message` rows of the conversation are exactly those seqs, and its last_seq is n.
@@ -19,6 +23,7 @@ use anyhow::{bail, Context};
 use chatpipe_core::auth::TokenKeys;
 use chatpipe_core::UserId;
 use chatpipe_tests::bench::{machine, Runs};
+use chatpipe_tests::pgbench::{Pgbench, Script};
 use chatpipe_tests::pgstats::{Delta, PgArgs, PgStats};
 use clap::Parser;
 use hdrhistogram::Histogram;
@@ -51,6 +56,14 @@ struct Args {
     repeat: usize,
     #[command(flatten)]
     pg: PgArgs,
+    /// Skip the baseline: after each run's phases, the design's send SQL run raw by
+    /// pgbench on a scratch database of the same server (tests/bench/pgbench/), for
+    /// `--seconds` per workload; the API's figures are printed as ratios of it.
+    #[arg(long)]
+    no_baseline: bool,
+    /// pgbench's clients for the baseline.
+    #[arg(long, default_value_t = 16)]
+    baseline_clients: usize,
     /// Where to write the JSON report.
     #[arg(long, default_value = "target/bench/send-load.json")]
     out: String,
@@ -156,10 +169,16 @@ async fn main() -> anyhow::Result<()> {
         let ratio = phases[1].per_second() / phases[0].per_second();
         runs.record("hot_over_spread", ratio);
         println!("run {}: hot/spread throughput ratio {ratio:.2}", r + 1);
+        let baseline = if args.no_baseline {
+            serde_json::Value::Null
+        } else {
+            baseline(&args, r + 1, &phases, &mut runs).await?
+        };
         reports.push(json!({
             "run": r + 1,
             "phases": phases.iter().map(|p| p.json(args.rate)).collect::<Vec<_>>(),
             "hot_over_spread": ratio,
+            "baseline": baseline,
         }));
     }
     if args.repeat > 1 {
@@ -175,6 +194,55 @@ async fn main() -> anyhow::Result<()> {
     });
     chatpipe_tests::bench::write_report(&args.out, &report)?;
     Ok(())
+}
+
+/// The design's send SQL run raw by pgbench right after the API's phases, on the same
+/// server: the seed transaction spread and hot, and the same work as one statement
+/// spread. Prints and records the API's throughput as ratios of them.
+async fn baseline(
+    args: &Args,
+    run: usize,
+    phases: &[Phase],
+    runs: &mut Runs,
+) -> anyhow::Result<serde_json::Value> {
+    let bench = Pgbench::prepare(
+        &args.pg.database_url,
+        "target/bench/pgbench",
+        args.baseline_clients,
+    )
+    .await?;
+    let time = Duration::from_secs(args.seconds);
+    let seed_spread = bench.tps(Script::Seed, 10_000, time).await?;
+    let seed_hot = bench.tps(Script::Seed, 1, time).await?;
+    let one_spread = bench.tps(Script::OneStatement, 10_000, time).await?;
+    let (spread, hot) = (phases[0].per_second(), phases[1].per_second());
+    let ratios = [
+        ("spread_over_seed", spread / seed_spread),
+        ("spread_over_one_statement", spread / one_spread),
+        ("hot_over_seed_hot", hot / seed_hot),
+    ];
+    println!(
+        "run {run} baseline: the design's send SQL raw in pgbench ({} clients): seed {seed_spread:.0} tx/s spread, \
+         {seed_hot:.0} hot; one statement {one_spread:.0} spread. The API: spread {:.2}x seed, {:.2}x one statement; \
+         hot {:.2}x seed hot",
+        bench.clients(),
+        ratios[0].1,
+        ratios[1].1,
+        ratios[2].1,
+    );
+    runs.record("baseline.seed_spread_tps", seed_spread);
+    runs.record("baseline.seed_hot_tps", seed_hot);
+    runs.record("baseline.one_statement_spread_tps", one_spread);
+    for (name, ratio) in ratios {
+        runs.record(name, ratio);
+    }
+    Ok(json!({
+        "clients": bench.clients(),
+        "seed_spread_tps": seed_spread, "seed_hot_tps": seed_hot,
+        "one_statement_spread_tps": one_spread,
+        "spread_over_seed": ratios[0].1, "spread_over_one_statement": ratios[1].1,
+        "hot_over_seed_hot": ratios[2].1,
+    }))
 }
 
 async fn create_group(

@@ -9,6 +9,7 @@
 pub mod audit;
 pub mod bench;
 pub mod drill;
+pub mod pgbench;
 pub mod pgstats;
 pub mod push;
 pub mod stream;
