@@ -14,7 +14,7 @@
 //! What the database did (rows, transactions, statements) is PostgreSQL's own count
 //! (see `pgstats`), read from `--database` (the stack's `chatpipe`, which the API writes).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,6 +23,7 @@ use anyhow::{bail, Context};
 use chatpipe_core::auth::TokenKeys;
 use chatpipe_core::UserId;
 use chatpipe_tests::bench::{machine, Runs};
+use chatpipe_tests::cpu::{describe, CpuSample};
 use chatpipe_tests::pgbench::{Pgbench, Script};
 use chatpipe_tests::pgstats::{Delta, PgArgs, PgStats};
 use clap::Parser;
@@ -76,6 +77,8 @@ struct Phase {
     elapsed: Duration,
     latency_us: Histogram<u64>,
     db: Delta,
+    /// Cores each piece of the stack used during the phase.
+    cpu: BTreeMap<&'static str, f64>,
 }
 
 impl Phase {
@@ -92,6 +95,7 @@ impl Phase {
             "latency_ms": {"p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": self.latency_us.max() as f64 / 1000.0},
             "messages_inserted": self.db.table("message").inserted,
             "postgres": self.db.json(),
+            "cpu_cores": self.cpu,
         })
     }
 }
@@ -156,6 +160,15 @@ async fn main() -> anyhow::Result<()> {
                 phase.db.statement_calls(),
                 phase.db.caveat(),
             );
+            println!(
+                "run {} {:<7} CPU in cores during the phase: {}",
+                r + 1,
+                phase.name,
+                describe(&phase.cpu)
+            );
+            for (piece, cores) in &phase.cpu {
+                runs.record(&format!("{name}.cpu.{piece}"), *cores);
+            }
             runs.record(&format!("{name}.sends_per_s"), phase.per_second());
             runs.record(&format!("{name}.p50_ms"), q(0.5));
             runs.record(&format!("{name}.p99_ms"), q(0.99));
@@ -278,6 +291,7 @@ async fn run_phase(
     let before = args.pg.settled(stats).await?;
     let conversations = Arc::new(conversations);
     let errors = Arc::new(AtomicU64::new(0));
+    let cpu_before = CpuSample::now();
     let started = Instant::now();
     let deadline = started + Duration::from_secs(args.seconds);
     // Each sender's share of the requested rate.
@@ -344,6 +358,7 @@ async fn run_phase(
         }
     }
     let elapsed = started.elapsed();
+    let cpu = CpuSample::now().cores_since(&cpu_before);
     let after = args.pg.settled(stats).await?;
     check_gapless(&args.pg, &returned).await?;
     let sends = returned.values().map(|s| s.len() as u64).sum();
@@ -354,6 +369,7 @@ async fn run_phase(
         elapsed,
         latency_us,
         db: after.since(&before),
+        cpu,
     };
     Ok(phase)
 }
