@@ -136,6 +136,7 @@ impl Pipeline {
                     .expect("a fanout list"),
             );
         }
+        crate::stream::close_consumer(consumer, "deliveries").await;
         lists
     }
 }
@@ -158,6 +159,8 @@ pub async fn wait_for_tombstone(topic: &str, key: &str, deadline: Duration) {
             .unwrap_or_else(|_| panic!("no tombstone for {key} on {topic} within {deadline:?}"))
             .expect("consuming");
         if m.key() == Some(key.as_bytes()) && m.payload().is_none() {
+            drop(m);
+            crate::stream::close_consumer(consumer, "tombstone check").await;
             return;
         }
     }
