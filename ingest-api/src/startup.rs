@@ -29,6 +29,7 @@ pub struct Application {
     listener: TcpListener,
     router: Router,
     pool: PgPool,
+    sends: SendQueue,
     shutdown_grace: Duration,
 }
 
@@ -66,8 +67,9 @@ impl Application {
             pool: pool.clone(),
             outbox: Outbox::new(codec, settings.outbox.delete_after_write),
         };
+        let sends = SendQueue::new(store.clone(), settings.sends.clone());
         let state = AppState {
-            sends: SendQueue::new(store.clone(), settings.sends.clone()),
+            sends: sends.clone(),
             store,
             keys: Arc::new(keys),
             limits: Arc::new(settings.limits.clone()),
@@ -83,6 +85,7 @@ impl Application {
             listener,
             router,
             pool,
+            sends,
             shutdown_grace: Duration::from_millis(settings.http.shutdown_grace_ms),
         })
     }
@@ -95,6 +98,11 @@ impl Application {
 
     pub fn pool(&self) -> PgPool {
         self.pool.clone()
+    }
+
+    /// The send path's queue, to see what waits in it.
+    pub fn sends(&self) -> SendQueue {
+        self.sends.clone()
     }
 
     /// Serves until `shutdown` resolves, then lets in-flight requests finish for up to

@@ -226,3 +226,67 @@ async fn receipts_beyond_the_producer_queue_answer_503_and_are_counted() {
         assert_eq!(app.watermark(conversation, user).await, Some(0));
     }
 }
+
+/// Waits until `n` sends wait in the app's send queue.
+pub(crate) async fn until_sends_wait(app: &TestApp, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.sends.waiting() < n {
+        assert!(
+            Instant::now() < deadline,
+            "{} sends wait, not {n}",
+            app.sends.waiting()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_send_beyond_its_conversations_queue_answers_503_and_its_retry_commits() {
+    let app = spawn_app_with(|s| {
+        s.sends.max_writers = 1;
+        s.sends.max_queued = 2;
+    })
+    .await;
+    let conversation = app.user(10).create_group(&[20]).await;
+    let rejected = counter(&app, "send_queue_rejections_total").await;
+    let held = hold_conversation(&app, conversation).await;
+    // The first send is the writer's batch, waiting for the lock; two more wait in the
+    // lane, which is then full.
+    let path = format!("/conversations/{conversation}/messages");
+    let queued: Vec<_> = (0..3)
+        .map(|i| {
+            let (base, http, token, path) = (
+                app.base.clone(),
+                app.http.clone(),
+                app.token(10),
+                path.clone(),
+            );
+            tokio::spawn(async move {
+                http.post(format!("{base}{path}"))
+                    .bearer_auth(token)
+                    .json(&json!({"clientMsgId": uuid::Uuid::new_v4(), "body": format!("m{i}")}))
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+            })
+        })
+        .collect();
+    until_a_send_waits(&app).await;
+    until_sends_wait(&app, 2).await;
+
+    let msg = json!({"clientMsgId": uuid::Uuid::new_v4(), "body": "one too many"});
+    let problem = app.user(10).post(&path, msg.clone()).await.problem(503);
+    assert_eq!(problem["type"], "/problems/unavailable", "{problem}");
+    assert!(counter(&app, "send_queue_rejections_total").await > rejected);
+
+    release(held).await;
+    for send in queued {
+        assert_eq!(send.await.unwrap(), 201, "a queued send went through");
+    }
+    assert_eq!(
+        send_until_answered(&app, conversation, &msg).await,
+        (201, 4),
+        "the refused send wrote nothing; its retry takes the next seq"
+    );
+}

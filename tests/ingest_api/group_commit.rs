@@ -5,15 +5,15 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use chatpipe_tests::{spawn_app, spawn_app_beside, Resp, TestApp};
+use chatpipe_tests::{spawn_app, spawn_app_beside, spawn_app_with, Resp, TestApp};
 use futures::future::join_all;
 use futures::FutureExt;
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::bounds::{hold_conversation, release, until_a_send_waits};
+use crate::bounds::{hold_conversation, release, until_a_send_waits, until_sends_wait};
 
-const SEND: &str = "FROM chat_send(";
+const SEND: &str = "FROM chat_send_many(";
 
 /// What the database holds for `conversation`: client id -> (seq, body).
 async fn stored(app: &TestApp, conversation: i64) -> HashMap<Uuid, (i64, String)> {
@@ -127,6 +127,84 @@ async fn sixty_four_sends_at_once_are_one_batch_gapless_with_replays_and_conflic
     assert_eq!(outbox, 64, "one message.new per created message");
 }
 
+/// Group commit across conversations: sends that arrive while every writer is busy go
+/// into the next statement together, whichever conversations they are for; each
+/// conversation's seqs stay gapless, and a send the statement refuses (a non-member's)
+/// does not fail the others.
+#[tokio::test]
+async fn sends_into_many_conversations_that_wait_for_a_writer_share_one_statement() {
+    let app = spawn_app_with(|s| s.sends.max_writers = 1).await;
+    let blocker = app.user(10).create_group(&[20]).await;
+    let mut targets = Vec::new();
+    for _ in 0..20 {
+        targets.push(app.user(10).create_group(&[20]).await);
+    }
+    let foreign = app.user(30).create_group(&[40]).await;
+
+    // The only writer waits for the blocker's lock; everything else waits for it.
+    let held = hold_conversation(&app, blocker).await;
+    let statements_before = app.statement_calls(SEND).await;
+    let (app_ref, blocked) = (&app, async {
+        app.user(10).send_message(blocker, "first").await
+    });
+    let sends: Vec<(i64, i64, Uuid)> = targets
+        .iter()
+        .flat_map(|c| [(*c, 10, Uuid::new_v4()), (*c, 20, Uuid::new_v4())])
+        .chain([(foreign, 10, Uuid::new_v4())])
+        .collect();
+    let calls = join_all(sends.iter().map(|(c, user, id)| async move {
+        app_ref
+            .user(*user)
+            .post(
+                &format!("/conversations/{c}/messages"),
+                json!({"clientMsgId": id, "body": format!("from {user}")}),
+            )
+            .await
+    }));
+    let release_when_queued = async {
+        until_a_send_waits(&app).await;
+        until_sends_wait(&app, sends.len()).await;
+        release(held).await;
+    };
+    let (first, answers, ()) = tokio::join!(blocked, calls, release_when_queued);
+    assert_eq!(first, 1);
+    assert_eq!(
+        app.statement_calls(SEND).await - statements_before,
+        2,
+        "the blocker's statement, then one for all {} waiting sends",
+        sends.len()
+    );
+
+    let mut answered: HashMap<i64, HashMap<Uuid, (i64, String)>> = HashMap::new();
+    for ((c, user, id), res) in sends.iter().zip(answers) {
+        if *c == foreign {
+            let problem = res.problem(404);
+            assert_eq!(problem["type"], "/problems/not-found", "{problem}");
+            continue;
+        }
+        let body = res.expect(201);
+        assert_eq!(body["conversationId"], *c);
+        answered
+            .entry(*c)
+            .or_default()
+            .insert(*id, (body["seq"].as_i64().unwrap(), format!("from {user}")));
+    }
+    for c in &targets {
+        let seqs: BTreeSet<i64> = answered[c].values().map(|(s, _)| *s).collect();
+        assert_eq!(seqs, BTreeSet::from([1, 2]), "conversation {c} gapless");
+        assert_eq!(
+            stored(&app, *c).await,
+            answered[c],
+            "conversation {c} as answered"
+        );
+    }
+    assert_eq!(stored(&app, foreign).await, HashMap::new());
+    let events = app
+        .count("SELECT count(*) FROM outbox WHERE type = 'message.new'")
+        .await;
+    assert_eq!(events, 41, "one message.new per created message");
+}
+
 #[tokio::test]
 async fn two_ingest_api_processes_sending_into_one_conversation_stay_gapless() {
     let first = spawn_app().await;
@@ -187,7 +265,7 @@ async fn a_failed_batch_writes_nothing_answers_503_to_each_caller_and_the_retrie
                     "WITH waiting AS MATERIALIZED (
                          SELECT pid FROM pg_stat_activity
                           WHERE datname = current_database() AND application_name = 'ingest-api'
-                            AND wait_event_type = 'Lock' AND query LIKE '%chat_send(%')
+                            AND wait_event_type = 'Lock' AND query LIKE '%chat_send_many(%')
                      SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM waiting",
                 )
                 .fetch_one(&app.pool)

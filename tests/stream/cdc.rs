@@ -327,7 +327,7 @@ async fn a_send_rolled_back_at_commit_leaves_no_event_and_no_gap() {
     ] {
         sqlx::query(ddl).execute(&p.app.pool).await.unwrap();
     }
-    let send_statement = "FROM chat_send(";
+    let send_statement = "FROM chat_send_many(";
     let sends_before = p.app.statement_calls(send_statement).await;
     let problem = p
         .app

@@ -138,6 +138,8 @@ pub struct TestApp {
     pub keys: TokenKeys,
     /// Decodes what the app wrote to the outbox (the same registered schema).
     pub codec: EventCodec,
+    /// The app's send queue, to see what waits in it.
+    pub sends: ingest_api::store::send::SendQueue,
 }
 
 pub async fn spawn_app() -> TestApp {
@@ -190,6 +192,7 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
         .await
         .expect("ingest-api starts");
     let base = format!("http://{}", app.local_addr());
+    let sends = app.sends();
     tokio::spawn(app.run_until_stopped(std::future::pending()));
     let pool = PgPoolOptions::new()
         .max_connections(4)
@@ -208,6 +211,7 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
             .expect("HTTP client"),
         keys,
         codec,
+        sends,
     }
 }
 

@@ -1,19 +1,24 @@
-//! The send path (DESIGN.md "Sending"): one statement per send, and group commit for a
-//! conversation many people write into at once.
+//! The send path (DESIGN.md "Sending"): one statement per batch of sends, and group
+//! commit for everything that arrives while a statement is being written.
 //!
-//! `chat_send` (migrations/) does in one statement, in one implicit transaction, what
-//! used to take six round trips: lock the conversation, check the sender is a member,
-//! answer replays and conflicts, take the seqs, insert the messages, move `last_seq` and
-//! the senders' watermarks, and write each `message.new` to the outbox. It takes a batch.
+//! `chat_send_many` (migrations/) does in one statement, in one implicit transaction,
+//! what the design's send takes six round trips for, for a batch of messages into one or
+//! several conversations: lock each conversation (in id order), check the sender is a
+//! member, answer replays and conflicts, take the seqs, insert the messages, move
+//! `last_seq` and the senders' watermarks, and write each `message.new` to the outbox.
 //!
-//! Sends to one conversation queue in a lane. The first send into an empty lane starts
-//! a writer task at once (no added wait when nothing contends); sends that arrive while
-//! it writes wait in the lane, and the writer takes up to `sends.max_batch` of them into
-//! its next statement: one lock, one commit, one fsync for all. Each caller gets its own
-//! answer, and seqs are gapless in lane order. A batch that fails wrote nothing (one
-//! statement) and every caller in it gets 503. Other ingest-api processes queue behind
-//! the same row lock, so several processes stay gapless too. The writer is a task of its
-//! own: a client that hangs up does not cancel the batch of the others.
+//! Sends to one conversation queue in its lane, and a lane has at most one batch in
+//! flight, so seqs are gapless in lane order. Up to `sends.max_writers` writer tasks
+//! write batches. A send that finds a writer free is written at once (no added wait when
+//! nothing contends); sends that arrive while every writer is busy wait, and the next
+//! free writer takes up to `sends.max_batch` of them, from the lanes in the order they
+//! became ready, into one statement: one commit, one WAL flush for all. A conversation
+//! many people write into at once gets up to `max_batch` messages per lock; sends spread
+//! over many conversations share a commit. Each caller gets its own answer. A batch that
+//! fails wrote nothing (one statement) and every caller in it gets 503. Other ingest-api
+//! processes queue behind the same row locks, taken in the same order, so several
+//! processes stay gapless too. Writers are tasks of their own: a client that hangs up
+//! does not cancel the batch of the others.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -33,10 +38,12 @@ use crate::error::ApiError;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SendSettings {
-    /// Most messages one statement writes into one conversation.
+    /// Most messages one statement writes.
     pub max_batch: usize,
     /// Most sends waiting in one conversation's lane; more answer 503.
     pub max_queued: usize,
+    /// Most send statements in flight at once (each holds a pooled connection).
+    pub max_writers: usize,
 }
 
 /// A message committed, as the sender learns it.
@@ -87,6 +94,7 @@ impl From<SendError> for ApiError {
 }
 
 struct Pending {
+    conversation: ConversationId,
     sender: UserId,
     client_msg_id: Uuid,
     body: String,
@@ -94,7 +102,7 @@ struct Pending {
     reply: oneshot::Sender<Result<SendOutcome, SendError>>,
 }
 
-/// The lanes of one process: see the module docs.
+/// The lanes and writers of one process: see the module docs.
 #[derive(Clone)]
 pub struct SendQueue {
     inner: Arc<Inner>,
@@ -103,18 +111,47 @@ pub struct SendQueue {
 struct Inner {
     store: Store,
     settings: SendSettings,
-    /// A lane exists while its writer runs; the writer removes it when it is empty.
-    lanes: Mutex<HashMap<ConversationId, VecDeque<Pending>>>,
+    state: Mutex<Lanes>,
+}
+
+#[derive(Default)]
+struct Lanes {
+    /// A lane exists while it has sends waiting or a batch in flight.
+    lanes: HashMap<ConversationId, Lane>,
+    /// The lanes with sends waiting and no batch in flight, in the order they became so.
+    ready: VecDeque<ConversationId>,
+    /// Writer tasks running; each exits when it finds nothing ready.
+    writers: usize,
+    /// Sends waiting in all lanes (not in a batch yet).
+    waiting: usize,
+}
+
+impl Lanes {
+    fn count_waiting(&mut self, change: isize) {
+        self.waiting = self
+            .waiting
+            .checked_add_signed(change)
+            .expect("waiting >= 0");
+        metrics::gauge!("send_queue_waiting").set(self.waiting as f64);
+    }
+}
+
+#[derive(Default)]
+struct Lane {
+    waiting: VecDeque<Pending>,
+    in_flight: bool,
 }
 
 impl SendQueue {
     pub fn new(store: Store, settings: SendSettings) -> Self {
         assert!(settings.max_batch >= 1, "sends.max_batch is at least 1");
+        assert!(settings.max_writers >= 1, "sends.max_writers is at least 1");
+        assert!(settings.max_queued >= 1, "sends.max_queued is at least 1");
         Self {
             inner: Arc::new(Inner {
                 store,
                 settings,
-                lanes: Mutex::default(),
+                state: Mutex::default(),
             }),
         }
     }
@@ -129,6 +166,7 @@ impl SendQueue {
     ) -> Result<SendOutcome, SendError> {
         let (reply, answer) = oneshot::channel();
         let pending = Pending {
+            conversation,
             sender,
             client_msg_id,
             body: body.as_str().to_owned(),
@@ -136,50 +174,87 @@ impl SendQueue {
             reply,
         };
         {
-            let mut lanes = self.inner.lanes.lock().expect("lanes lock");
-            match lanes.get_mut(&conversation) {
-                Some(lane) if lane.len() >= self.inner.settings.max_queued => {
-                    metrics::counter!("send_queue_rejections_total").increment(1);
-                    return Err(SendError::Busy { queued: lane.len() });
-                }
-                Some(lane) => lane.push_back(pending),
-                None => {
-                    lanes.insert(conversation, VecDeque::from([pending]));
-                    tokio::spawn(self.clone().write_lane(conversation));
+            let mut state = self.inner.state.lock().expect("lanes lock");
+            let state = &mut *state;
+            let lane = state.lanes.entry(conversation).or_default();
+            if lane.waiting.len() >= self.inner.settings.max_queued {
+                metrics::counter!("send_queue_rejections_total").increment(1);
+                return Err(SendError::Busy {
+                    queued: lane.waiting.len(),
+                });
+            }
+            lane.waiting.push_back(pending);
+            if !lane.in_flight && lane.waiting.len() == 1 {
+                state.ready.push_back(conversation);
+            }
+            state.count_waiting(1);
+            if state.writers < self.inner.settings.max_writers {
+                state.writers += 1;
+                metrics::gauge!("send_writers_busy").set(state.writers as f64);
+                tokio::spawn(self.clone().write());
+            }
+        }
+        answer.await.expect("a writer answers every send it takes")
+    }
+
+    /// Sends waiting for a writer in this process.
+    pub fn waiting(&self) -> usize {
+        self.inner.state.lock().expect("lanes lock").waiting
+    }
+
+    /// A writer: takes batches from the ready lanes until none is ready.
+    async fn write(self) {
+        while let Some(batch) = self.take_batch() {
+            let mut lanes: Vec<ConversationId> = batch.iter().map(|p| p.conversation).collect();
+            lanes.dedup();
+            self.write_batch(batch).await;
+            let mut state = self.inner.state.lock().expect("lanes lock");
+            for conversation in lanes {
+                let lane = state.lanes.get_mut(&conversation).expect("a batch's lane");
+                lane.in_flight = false;
+                if lane.waiting.is_empty() {
+                    state.lanes.remove(&conversation);
+                } else {
+                    state.ready.push_back(conversation);
                 }
             }
         }
-        answer
-            .await
-            .expect("a lane's writer answers every send it takes")
     }
 
-    /// The lane's writer: batches until the lane is empty, then removes it.
-    async fn write_lane(self, conversation: ConversationId) {
-        loop {
-            let batch: Vec<Pending> = {
-                let mut lanes = self.inner.lanes.lock().expect("lanes lock");
-                let lane = lanes.get_mut(&conversation).expect("a writer's lane");
-                if lane.is_empty() {
-                    lanes.remove(&conversation);
-                    return;
-                }
-                let n = lane.len().min(self.inner.settings.max_batch);
-                lane.drain(..n).collect()
+    /// Up to `max_batch` waiting sends from the ready lanes, in the order they became
+    /// ready, each lane's in its order; their lanes marked in flight. `None`, and the writer counted out, when nothing is ready.
+    fn take_batch(&self) -> Option<Vec<Pending>> {
+        let mut state = self.inner.state.lock().expect("lanes lock");
+        let state = &mut *state;
+        let max = self.inner.settings.max_batch;
+        let mut batch = Vec::new();
+        while batch.len() < max {
+            let Some(conversation) = state.ready.pop_front() else {
+                break;
             };
-            self.write_batch(conversation, batch).await;
+            let lane = state.lanes.get_mut(&conversation).expect("a ready lane");
+            lane.in_flight = true;
+            let n = lane.waiting.len().min(max - batch.len());
+            batch.extend(lane.waiting.drain(..n));
+            state.count_waiting(-(n as isize));
         }
+        if batch.is_empty() {
+            state.writers -= 1;
+            metrics::gauge!("send_writers_busy").set(state.writers as f64);
+            return None;
+        }
+        Some(batch)
     }
 
     /// One statement for `batch`; every caller gets its answer.
-    async fn write_batch(&self, conversation: ConversationId, batch: Vec<Pending>) {
+    async fn write_batch(&self, batch: Vec<Pending>) {
         metrics::histogram!("send_batch_messages").record(batch.len() as f64);
-        let result = chat_send(&self.inner.store, conversation, &batch).await;
+        let result = chat_send_many(&self.inner.store, &batch).await;
         let rows = match result {
             Ok(rows) if rows.len() == batch.len() => rows,
             Ok(rows) => {
                 let err = sqlx::Error::Protocol(format!(
-                    "chat_send answered {} rows for {} messages",
+                    "chat_send_many answered {} rows for {} messages",
                     rows.len(),
                     batch.len()
                 ));
@@ -188,7 +263,7 @@ impl SendQueue {
             Err(err) => return fail(batch, err),
         };
         for (p, row) in batch.into_iter().zip(rows) {
-            let answer = row.answer(conversation, &p);
+            let answer = row.answer(&p);
             let _ = p.reply.send(answer);
         }
     }
@@ -202,7 +277,7 @@ fn fail(batch: Vec<Pending>, err: sqlx::Error) {
     }
 }
 
-/// One row of `chat_send`'s answer.
+/// One row of `chat_send_many`'s answer.
 #[derive(sqlx::FromRow)]
 struct Row {
     outcome: String,
@@ -211,9 +286,9 @@ struct Row {
 }
 
 impl Row {
-    fn answer(self, conversation: ConversationId, p: &Pending) -> Result<SendOutcome, SendError> {
+    fn answer(self, p: &Pending) -> Result<SendOutcome, SendError> {
         let sent = |seq: Option<i64>, created_at: Option<DateTime<Utc>>| SentMessage {
-            conversation_id: conversation.get(),
+            conversation_id: p.conversation.get(),
             seq: seq.unwrap_or_default(),
             client_msg_id: p.client_msg_id,
             sender_id: p.sender.get(),
@@ -236,23 +311,20 @@ impl Row {
             }),
             "not_member" => Err(SendError::NotFound),
             other => Err(SendError::Database(Arc::new(sqlx::Error::Protocol(
-                format!("chat_send answered an unknown outcome {other:?}"),
+                format!("chat_send_many answered an unknown outcome {other:?}"),
             )))),
         }
     }
 }
 
-/// `SELECT * FROM chat_send(...)` for `batch`: one round trip.
-async fn chat_send(
-    store: &Store,
-    conversation: ConversationId,
-    batch: &[Pending],
-) -> Result<Vec<Row>, sqlx::Error> {
+/// `SELECT * FROM chat_send_many(...)` for `batch`: one round trip, one row per message
+/// in batch order.
+async fn chat_send_many(store: &Store, batch: &[Pending]) -> Result<Vec<Row>, sqlx::Error> {
     let codec = store.outbox.codec();
     let (mut heads, mut tails) = (Vec::new(), Vec::new());
     for p in batch {
         let splice = codec.message_new_around_seq(MessageNew {
-            conversation_id: conversation,
+            conversation_id: p.conversation,
             // Taken by the statement under the lock; spliced into the bytes there.
             seq: Seq::of(1),
             sender_id: p.sender,
@@ -263,15 +335,17 @@ async fn chat_send(
         heads.push(splice.head);
         tails.push(splice.tail);
     }
+    let conversations: Vec<i64> = batch.iter().map(|p| p.conversation.get()).collect();
     let senders: Vec<i64> = batch.iter().map(|p| p.sender.get()).collect();
     let client_ids: Vec<Uuid> = batch.iter().map(|p| p.client_msg_id).collect();
     let bodies: Vec<&str> = batch.iter().map(|p| p.body.as_str()).collect();
     let created_at: Vec<DateTime<Utc>> = batch.iter().map(|p| p.created_at).collect();
     let event_ids: Vec<Uuid> = batch.iter().map(|_| Uuid::new_v4()).collect();
     sqlx::query_as(
-        "SELECT outcome, seq, created_at FROM chat_send($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+        "SELECT outcome, seq, created_at
+           FROM chat_send_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
     )
-    .bind(conversation.get())
+    .bind(&conversations)
     .bind(&senders)
     .bind(&client_ids)
     .bind(&bodies)
