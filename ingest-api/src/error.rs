@@ -7,6 +7,9 @@ use axum::response::{IntoResponse, Response};
 use chatpipe_core::auth::AuthError;
 use chatpipe_core::problem::Problem;
 
+use crate::store::send::SendError;
+use crate::store::StoreError;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     /// The request is syntactically broken: malformed JSON, a bad query or path value.
@@ -52,6 +55,32 @@ impl From<sqlx::Error> for ApiError {
                 Self::Unavailable(err)
             }
             other => Self::Database(other),
+        }
+    }
+}
+
+/// The store's refusals, as the client sees them.
+impl From<StoreError> for ApiError {
+    fn from(err: StoreError) -> Self {
+        match err {
+            StoreError::NotFound { what } => ApiError::NotFound { what },
+            StoreError::Forbidden { detail } => ApiError::Forbidden { detail },
+            StoreError::Conflict { code, detail } => ApiError::Conflict { code, detail },
+            StoreError::Database(err) => err.into(),
+        }
+    }
+}
+
+impl From<SendError> for ApiError {
+    fn from(err: SendError) -> Self {
+        match err {
+            SendError::NotFound => ApiError::conversation_not_found(),
+            SendError::ClientIdReused { .. } => {
+                ApiError::conflict("client-msg-id-reused", err.to_string())
+            }
+            SendError::Busy { .. } | SendError::Database(_) => {
+                ApiError::SendUnavailable(err.to_string())
+            }
         }
     }
 }

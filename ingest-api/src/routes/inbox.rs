@@ -22,7 +22,15 @@ pub async fn inbox(
     Query(q): Query<InboxQuery>,
 ) -> Result<impl IntoResponse, ApiError> {
     let limit = page_limit(q.limit, &state.limits)?;
-    let cursor = q.cursor.as_deref().map(Cursor::decode).transpose()?;
+    let cursor = q
+        .cursor
+        .as_deref()
+        .map(|raw| {
+            Cursor::decode(raw).ok_or_else(|| {
+                ApiError::bad_parameter("cursor", "is not a cursor this API returned")
+            })
+        })
+        .transpose()?;
     Ok(axum::Json(
         store::inbox(
             &state.store,

@@ -6,9 +6,8 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgConnection;
 
-use super::{now, Store};
+use super::{now, Store, StoreError};
 use crate::domain::ConversationKind;
-use crate::error::ApiError;
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 #[serde(rename_all = "camelCase")]
@@ -39,7 +38,7 @@ pub async fn create_group(
     title: Option<String>,
     mut member_ids: Vec<i64>,
     max_members: usize,
-) -> Result<ConversationView, ApiError> {
+) -> Result<ConversationView, StoreError> {
     if !member_ids.contains(&creator.get()) {
         member_ids.push(creator.get());
     }
@@ -81,7 +80,7 @@ pub async fn open_direct(
     db: &Store,
     caller: UserId,
     peer: UserId,
-) -> Result<(ConversationView, bool), ApiError> {
+) -> Result<(ConversationView, bool), StoreError> {
     let (low, high) = if caller < peer {
         (caller, peer)
     } else {
@@ -118,7 +117,7 @@ pub async fn open_direct(
         tx.rollback().await?;
         let view = find_direct(db, caller, low, high)
             .await?
-            .ok_or(ApiError::Database(sqlx::Error::RowNotFound))?;
+            .ok_or(StoreError::Database(sqlx::Error::RowNotFound))?;
         return Ok((view, false));
     }
     let members = insert_members(&mut tx, id, &[low.get(), high.get()], Watermark::ZERO).await?;
@@ -170,7 +169,7 @@ async fn lock_as_member(
     conn: &mut PgConnection,
     conversation: ConversationId,
     caller: UserId,
-) -> Result<Locked, ApiError> {
+) -> Result<Locked, StoreError> {
     sqlx::query_as(
         "SELECT c.type, c.created_by, c.last_seq, c.member_count
            FROM conversation c
@@ -182,7 +181,7 @@ async fn lock_as_member(
     .bind(caller.get())
     .fetch_optional(conn)
     .await?
-    .ok_or_else(ApiError::conversation_not_found)
+    .ok_or_else(StoreError::conversation_not_found)
 }
 
 /// The same for a membership change: only GROUPs have one; a DIRECT conversation keeps
@@ -191,10 +190,10 @@ async fn lock_group_as_member(
     conn: &mut PgConnection,
     conversation: ConversationId,
     caller: UserId,
-) -> Result<Locked, ApiError> {
+) -> Result<Locked, StoreError> {
     let locked = lock_as_member(conn, conversation, caller).await?;
     if locked.kind == ConversationKind::Direct {
-        return Err(ApiError::conflict(
+        return Err(StoreError::conflict(
             "direct-membership-fixed",
             "a DIRECT conversation has exactly its two members",
         ));
@@ -221,7 +220,7 @@ pub async fn add_members(
     caller: UserId,
     user_ids: &[i64],
     max_members: usize,
-) -> Result<MembersAdded, ApiError> {
+) -> Result<MembersAdded, StoreError> {
     let mut tx = db.pool.begin().await?;
     let locked = lock_group_as_member(&mut tx, conversation, caller).await?;
     let start = db::id(locked.last_seq)?;
@@ -253,11 +252,11 @@ pub async fn remove_member(
     conversation: ConversationId,
     caller: UserId,
     user: UserId,
-) -> Result<(), ApiError> {
+) -> Result<(), StoreError> {
     let mut tx = db.pool.begin().await?;
     let locked = lock_group_as_member(&mut tx, conversation, caller).await?;
     if user != caller && locked.created_by != caller.get() {
-        return Err(ApiError::Forbidden {
+        return Err(StoreError::Forbidden {
             detail: "only the group's creator may remove other members".into(),
         });
     }
@@ -269,7 +268,7 @@ pub async fn remove_member(
             .await?
             .rows_affected();
     if removed == 0 {
-        return Err(ApiError::NotFound { what: "member" });
+        return Err(StoreError::NotFound { what: "member" });
     }
     sqlx::query("UPDATE conversation SET member_count = member_count - 1 WHERE id = $1")
         .bind(conversation.get())
@@ -326,9 +325,9 @@ fn joined_events(
     })
 }
 
-fn member_limit(count: usize, max: usize) -> ApiError {
+fn member_limit(count: usize, max: usize) -> StoreError {
     metrics::counter!("member_limit_rejections_total").increment(1);
-    ApiError::conflict(
+    StoreError::conflict(
         "member-limit",
         format!("{count} members would exceed the limit of {max}"),
     )

@@ -6,8 +6,7 @@ use chatpipe_core::UserId;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use super::Store;
-use crate::error::ApiError;
+use super::{Store, StoreError};
 
 #[derive(Debug, Serialize, sqlx::FromRow)]
 #[serde(rename_all = "camelCase")]
@@ -71,14 +70,13 @@ impl Cursor {
         URL_SAFE_NO_PAD.encode(format!("{}:{}", self.activity_micros, self.conversation_id))
     }
 
-    pub fn decode(raw: &str) -> Result<Self, ApiError> {
-        let bad = || ApiError::bad_parameter("cursor", "is not a cursor this API returned");
-        let text = URL_SAFE_NO_PAD.decode(raw).map_err(|_| bad())?;
-        let text = String::from_utf8(text).map_err(|_| bad())?;
-        let (micros, id) = text.split_once(':').ok_or_else(bad)?;
-        Ok(Self {
-            activity_micros: micros.parse().map_err(|_| bad())?,
-            conversation_id: id.parse().map_err(|_| bad())?,
+    /// `None` when `raw` is not a cursor this API returned.
+    pub fn decode(raw: &str) -> Option<Self> {
+        let text = String::from_utf8(URL_SAFE_NO_PAD.decode(raw).ok()?).ok()?;
+        let (micros, id) = text.split_once(':')?;
+        Some(Self {
+            activity_micros: micros.parse().ok()?,
+            conversation_id: id.parse().ok()?,
         })
     }
 }
@@ -89,7 +87,7 @@ pub async fn inbox(
     cursor: Option<Cursor>,
     limit: i64,
     preview_chars: usize,
-) -> Result<InboxPage, ApiError> {
+) -> Result<InboxPage, StoreError> {
     let after = cursor.and_then(|c| {
         DateTime::from_timestamp_micros(c.activity_micros).map(|t| (t, c.conversation_id))
     });
@@ -161,7 +159,7 @@ mod tests {
             conversation_id: 42,
         };
         assert_eq!(Cursor::decode(&c.encode()).unwrap(), c);
-        assert!(Cursor::decode("not-a-cursor!").is_err());
-        assert!(Cursor::decode(&URL_SAFE_NO_PAD.encode("12:x")).is_err());
+        assert!(Cursor::decode("not-a-cursor!").is_none());
+        assert!(Cursor::decode(&URL_SAFE_NO_PAD.encode("12:x")).is_none());
     }
 }

@@ -5,8 +5,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::Store;
-use crate::error::ApiError;
+use super::{Store, StoreError};
 
 #[derive(Debug, Serialize, sqlx::FromRow)]
 #[serde(rename_all = "camelCase")]
@@ -46,7 +45,7 @@ pub async fn history(
     reader: UserId,
     page: Page,
     limit: i64,
-) -> Result<HistoryPage, ApiError> {
+) -> Result<HistoryPage, StoreError> {
     let last_seq = super::as_member(db, conversation, reader).await?.last_seq;
 
     // One more row than asked tells whether more exist. Both walk the primary key.

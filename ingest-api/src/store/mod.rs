@@ -21,7 +21,38 @@ pub use chatpipe_core::outbox::now;
 
 use chatpipe_core::{ConversationId, UserId};
 
-use crate::error::ApiError;
+/// Why a store function changed nothing. The routes turn it into an `ApiError` (its
+/// status and problem type); the store knows nothing of HTTP.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Unknown, or the caller is not a member: the same answer, so a stranger learns
+    /// nothing about what exists.
+    #[error("{what} not found")]
+    NotFound { what: &'static str },
+    /// The caller may see it but not do this to it.
+    #[error("{detail}")]
+    Forbidden { detail: String },
+    /// The change contradicts what is stored (a rule or a limit).
+    #[error("{detail}")]
+    Conflict { code: &'static str, detail: String },
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+}
+
+impl StoreError {
+    pub fn conversation_not_found() -> Self {
+        Self::NotFound {
+            what: "conversation",
+        }
+    }
+
+    pub fn conflict(code: &'static str, detail: impl Into<String>) -> Self {
+        Self::Conflict {
+            code,
+            detail: detail.into(),
+        }
+    }
+}
 
 /// A conversation as one of its members sees it: what every conversation-scoped read
 /// checks first.
@@ -40,7 +71,7 @@ pub async fn as_member(
     db: &Store,
     conversation: ConversationId,
     user: UserId,
-) -> Result<MemberView, ApiError> {
+) -> Result<MemberView, StoreError> {
     sqlx::query_as(
         "SELECT c.type, c.member_count, c.last_seq, m.last_read_seq FROM conversation c
            JOIN conversation_member m ON m.conversation_id = c.id AND m.user_id = $2
@@ -50,5 +81,5 @@ pub async fn as_member(
     .bind(user.get())
     .fetch_optional(&db.pool)
     .await?
-    .ok_or_else(ApiError::conversation_not_found)
+    .ok_or_else(StoreError::conversation_not_found)
 }

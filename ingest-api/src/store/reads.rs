@@ -4,8 +4,7 @@ use chatpipe_core::watermark;
 use chatpipe_core::{ConversationId, Seq, UserId};
 use serde::Serialize;
 
-use super::{now, Store};
-use crate::error::ApiError;
+use super::{now, Store, StoreError};
 
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -23,7 +22,7 @@ pub async fn mark_read(
     conversation: ConversationId,
     reader: UserId,
     seq: Seq,
-) -> Result<ReadOutcome, ApiError> {
+) -> Result<ReadOutcome, StoreError> {
     let mut tx = db.pool.begin().await?;
     let moved = watermark::advance(&mut tx, &[((conversation, reader), seq)]).await?;
     let advanced_to = moved.first().copied();
@@ -37,7 +36,7 @@ pub async fn mark_read(
         .bind(reader.get())
         .fetch_optional(&mut *tx)
         .await?
-        .ok_or_else(ApiError::conversation_not_found)?;
+        .ok_or_else(StoreError::conversation_not_found)?;
         return Ok(ReadOutcome {
             last_read_seq: current,
             advanced: false,
@@ -64,7 +63,7 @@ pub async fn read_position(
     db: &Store,
     conversation: ConversationId,
     reader: UserId,
-) -> Result<ReadPosition, ApiError> {
+) -> Result<ReadPosition, StoreError> {
     let view = super::as_member(db, conversation, reader).await?;
     let (last_seq, last_read_seq) = (view.last_seq, view.last_read_seq);
     Ok(ReadPosition {
@@ -101,7 +100,7 @@ pub async fn receipts(
     conversation: ConversationId,
     caller: UserId,
     seq: Seq,
-) -> Result<Receipts, ApiError> {
+) -> Result<Receipts, StoreError> {
     let super::MemberView {
         kind, member_count, ..
     } = super::as_member(db, conversation, caller).await?;
@@ -118,7 +117,7 @@ pub async fn receipts(
     .bind(seq.get())
     .fetch_optional(&db.pool)
     .await?
-    .ok_or(ApiError::NotFound { what: "message" })?;
+    .ok_or(StoreError::NotFound { what: "message" })?;
 
     Ok(if kind == crate::domain::ConversationKind::Direct {
         Receipts::Direct {

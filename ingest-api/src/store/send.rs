@@ -30,9 +30,11 @@ use serde::Deserialize;
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
-use super::{now, Store};
+use sqlx::pool::PoolConnection;
+use sqlx::{PgConnection, Postgres};
+
+use super::{now, Outbox, Store};
 use crate::domain::MessageBody;
-use crate::error::ApiError;
 
 /// `[sends]` in the config.
 #[derive(Debug, Clone, Deserialize)]
@@ -65,7 +67,7 @@ pub enum SendOutcome {
     Replayed(SentMessage),
 }
 
-/// Why a send wrote nothing. Turned into an [`ApiError`] at the route edge.
+/// Why a send wrote nothing. Turned into an `ApiError` at the route edge.
 #[derive(Debug, thiserror::Error)]
 pub enum SendError {
     #[error("conversation not found")]
@@ -77,20 +79,6 @@ pub enum SendError {
     /// The statement of this send's batch failed: nothing of the batch was written.
     #[error("the send's batch failed: {0}")]
     Database(Arc<sqlx::Error>),
-}
-
-impl From<SendError> for ApiError {
-    fn from(err: SendError) -> Self {
-        match err {
-            SendError::NotFound => ApiError::conversation_not_found(),
-            SendError::ClientIdReused { .. } => {
-                ApiError::conflict("client-msg-id-reused", err.to_string())
-            }
-            SendError::Busy { .. } | SendError::Database(_) => {
-                ApiError::SendUnavailable(err.to_string())
-            }
-        }
-    }
 }
 
 struct Pending {
@@ -202,12 +190,14 @@ impl SendQueue {
         self.inner.state.lock().expect("lanes lock").waiting
     }
 
-    /// A writer: takes batches from the ready lanes until none is ready.
+    /// A writer: takes batches from the ready lanes until none is ready, on one pooled
+    /// connection (taken once, not per batch: each acquire pings the server).
     async fn write(self) {
+        let mut conn = None;
         while let Some(batch) = self.take_batch() {
             let mut lanes: Vec<ConversationId> = batch.iter().map(|p| p.conversation).collect();
             lanes.dedup();
-            self.write_batch(batch).await;
+            self.write_batch(&mut conn, batch).await;
             let mut state = self.inner.state.lock().expect("lanes lock");
             for conversation in lanes {
                 let lane = state.lanes.get_mut(&conversation).expect("a batch's lane");
@@ -246,10 +236,18 @@ impl SendQueue {
         Some(batch)
     }
 
-    /// One statement for `batch`; every caller gets its answer.
-    async fn write_batch(&self, batch: Vec<Pending>) {
+    /// One statement for `batch`; every caller gets its answer. A failed statement
+    /// gives its connection back to the pool, which tests it before its next use.
+    async fn write_batch(&self, conn: &mut Option<PoolConnection<Postgres>>, batch: Vec<Pending>) {
         metrics::histogram!("send_batch_messages").record(batch.len() as f64);
-        let result = chat_send_many(&self.inner.store, &batch).await;
+        let db = match conn {
+            Some(db) => db,
+            None => match self.inner.store.pool.acquire().await {
+                Ok(db) => conn.insert(db),
+                Err(err) => return fail(batch, err),
+            },
+        };
+        let result = chat_send_many(db, &self.inner.store.outbox, &batch).await;
         let rows = match result {
             Ok(rows) if rows.len() == batch.len() => rows,
             Ok(rows) => {
@@ -258,9 +256,13 @@ impl SendQueue {
                     rows.len(),
                     batch.len()
                 ));
+                *conn = None;
                 return fail(batch, err);
             }
-            Err(err) => return fail(batch, err),
+            Err(err) => {
+                *conn = None;
+                return fail(batch, err);
+            }
         };
         for (p, row) in batch.into_iter().zip(rows) {
             let answer = row.answer(&p);
@@ -319,8 +321,12 @@ impl Row {
 
 /// `SELECT * FROM chat_send_many(...)` for `batch`: one round trip, one row per message
 /// in batch order.
-async fn chat_send_many(store: &Store, batch: &[Pending]) -> Result<Vec<Row>, sqlx::Error> {
-    let codec = store.outbox.codec();
+async fn chat_send_many(
+    db: &mut PgConnection,
+    outbox: &Outbox,
+    batch: &[Pending],
+) -> Result<Vec<Row>, sqlx::Error> {
+    let codec = outbox.codec();
     let (mut heads, mut tails) = (Vec::new(), Vec::new());
     for p in batch {
         let splice = codec.message_new_around_seq(MessageNew {
@@ -354,7 +360,7 @@ async fn chat_send_many(store: &Store, batch: &[Pending]) -> Result<Vec<Row>, sq
     .bind(&heads)
     .bind(&tails)
     .bind(AGGREGATE_TYPE)
-    .bind(store.outbox.deletes_after_write())
-    .fetch_all(&store.pool)
+    .bind(outbox.deletes_after_write())
+    .fetch_all(db)
     .await
 }
