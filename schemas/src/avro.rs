@@ -122,20 +122,37 @@ impl EventCodec {
     /// (`chat_avro_long` in migrations/), so the event is written in the statement
     /// that writes the message.
     pub fn message_new_around_seq(&self, message: MessageNew) -> SeqSplice {
-        let mut event = ChatEvent::MessageNew(message);
-        let mut with = |seq| {
-            if let ChatEvent::MessageNew(m) = &mut event {
-                m.seq = crate::Seq::of(seq);
+        self.around_long(ChatEvent::MessageNew(message), |event, n| {
+            if let ChatEvent::MessageNew(m) = event {
+                m.seq = crate::Seq::of(n);
             }
+        })
+    }
+
+    /// The same for `read.updated` around its watermark (`read.last_read_seq` is
+    /// ignored): the direct-mode read statement learns where the watermark landed
+    /// (`LEAST(seq, last_seq)`) and splices it in.
+    pub fn read_updated_around_watermark(&self, read: ReadUpdated) -> SeqSplice {
+        self.around_long(ChatEvent::ReadUpdated(read), |event, n| {
+            if let ChatEvent::ReadUpdated(r) = event {
+                r.last_read_seq = crate::Watermark::of(n);
+            }
+        })
+    }
+
+    /// `event`'s bytes around the one long field `set` writes.
+    fn around_long(&self, mut event: ChatEvent, set: impl Fn(&mut ChatEvent, i64)) -> SeqSplice {
+        let mut with = |n| {
+            set(&mut event, n);
             self.encode(&event)
         };
-        // Seqs 1 and 2 are one byte each (zigzag 2 and 4): the one byte that differs.
+        // 1 and 2 are one byte each (zigzag 2 and 4): the one byte that differs.
         let (one, two) = (with(1), with(2));
         let at = one
             .iter()
             .zip(&two)
             .position(|(a, b)| a != b)
-            .expect("the seq is part of the encoding");
+            .expect("the field is part of the encoding");
         debug_assert_eq!((one.len(), one[at], two[at]), (two.len(), 2, 4));
         SeqSplice {
             head: one[..at].to_vec(),
@@ -148,7 +165,8 @@ impl EventCodec {
     }
 }
 
-/// A framed `message.new` without its seq: see [`EventCodec::message_new_around_seq`].
+/// A framed event without one long field (a `message.new` without its seq, a
+/// `read.updated` without its watermark): see [`EventCodec::message_new_around_seq`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SeqSplice {
     pub head: Vec<u8>,
@@ -579,6 +597,31 @@ mod tests {
                 spliced,
                 codec.encode(&ChatEvent::MessageNew(expected)),
                 "seq {seq}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_watermark_spliced_between_head_and_tail_is_the_read_encoded_with_it() {
+        let codec = EventCodec::new(17);
+        let read = every_event()
+            .into_iter()
+            .find_map(|e| match e {
+                ChatEvent::ReadUpdated(r) => Some(r),
+                _ => None,
+            })
+            .expect("a read.updated among every_event");
+        let splice = codec.read_updated_around_watermark(read.clone());
+        for n in [0, 1, 2, 63, 64, 8191, 8192, 1 << 40, i64::MAX] {
+            let mut spliced = splice.head.clone();
+            spliced.extend(avro_long(n));
+            spliced.extend(&splice.tail);
+            let mut expected = read.clone();
+            expected.last_read_seq = crate::Watermark::of(n);
+            assert_eq!(
+                spliced,
+                codec.encode(&ChatEvent::ReadUpdated(expected)),
+                "watermark {n}"
             );
         }
     }

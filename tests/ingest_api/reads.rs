@@ -68,12 +68,27 @@ async fn read_updated_is_written_only_when_the_watermark_advances() {
         app.user(10).send_message(conv, "x").await;
     }
     let reader = app.user(20);
+    let (calls, begins) = (
+        app.statement_calls("chat_mark_read(").await,
+        app.statement_calls("BEGIN").await,
+    );
     reader.mark_read(conv, 2).await;
     reader.mark_read(conv, 2).await;
     reader.mark_read(conv, 1).await;
     reader.mark_read(conv, 3).await;
     reader.mark_read(conv, 300).await;
+    assert_eq!(
+        app.statement_calls("chat_mark_read(").await - calls,
+        5,
+        "one statement per read"
+    );
+    assert_eq!(
+        app.statement_calls("BEGIN").await - begins,
+        0,
+        "and no transaction around it"
+    );
 
+    // The events decode to where each watermark landed (spliced in by the statement).
     let seqs: Vec<i64> = app
         .outbox_events()
         .await

@@ -1,8 +1,9 @@
 //! Read state: the monotone watermark and "read by N".
 
-use chatpipe_core::watermark;
-use chatpipe_core::{ConversationId, Seq, UserId};
+use chatpipe_core::{ConversationId, Seq, UserId, Watermark};
+use chatpipe_schemas::{ReadUpdated, AGGREGATE_TYPE};
 use serde::Serialize;
+use uuid::Uuid;
 
 use super::{now, Store, StoreError};
 
@@ -16,39 +17,45 @@ pub struct ReadOutcome {
 
 /// The article's guarded UPDATE: the watermark moves only forwards and never past
 /// `last_seq`. `read.updated` goes to the outbox only when it moved, in the same
-/// transaction.
+/// transaction. One round trip: `chat_mark_read` (migrations/) splices the watermark
+/// where it landed into the event's bytes.
 pub async fn mark_read(
     db: &Store,
     conversation: ConversationId,
     reader: UserId,
     seq: Seq,
 ) -> Result<ReadOutcome, StoreError> {
-    let mut tx = db.pool.begin().await?;
-    let moved = watermark::advance(&mut tx, &[((conversation, reader), seq)]).await?;
-    let advanced_to = moved.first().copied();
-
-    let Some(advanced) = advanced_to else {
-        // Nothing moved: either the caller is no member, or the watermark is already there.
-        let current: i64 = sqlx::query_scalar(
-            "SELECT last_read_seq FROM conversation_member WHERE conversation_id = $1 AND user_id = $2",
-        )
-        .bind(conversation.get())
-        .bind(reader.get())
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or_else(StoreError::conversation_not_found)?;
-        return Ok(ReadOutcome {
-            last_read_seq: current,
-            advanced: false,
+    let splice = db
+        .outbox
+        .codec()
+        .read_updated_around_watermark(ReadUpdated {
+            conversation_id: conversation,
+            user_id: reader,
+            // Where it lands is the statement's to say; spliced into the bytes there.
+            last_read_seq: Watermark::ZERO,
+            occurred_at: now(),
         });
-    };
-    let last_read_seq = advanced.last_read_seq.get();
-    db.outbox.write(&mut tx, &[advanced.event(now())]).await?;
-    tx.commit().await?;
-    metrics::counter!("read_watermark_advances_total").increment(1);
+    let (last_read_seq, advanced): (i64, bool) = sqlx::query_as(
+        "SELECT last_read_seq, advanced FROM chat_mark_read($1, $2, $3, $4, $5, $6, $7, $8)",
+    )
+    .bind(conversation.get())
+    .bind(reader.get())
+    .bind(seq.get())
+    .bind(Uuid::new_v4())
+    .bind(&splice.head)
+    .bind(&splice.tail)
+    .bind(AGGREGATE_TYPE)
+    .bind(db.outbox.deletes_after_write())
+    .fetch_optional(&db.pool)
+    .await?
+    .ok_or_else(StoreError::conversation_not_found)?;
+    if advanced {
+        metrics::counter!("read_watermark_advances_total").increment(1);
+        metrics::counter!("outbox_events_written_total", "type" => "read.updated").increment(1);
+    }
     Ok(ReadOutcome {
         last_read_seq,
-        advanced: true,
+        advanced,
     })
 }
 
