@@ -74,7 +74,7 @@ impl From<StoreError> for ApiError {
 impl From<SendError> for ApiError {
     fn from(err: SendError) -> Self {
         match err {
-            SendError::NotFound => ApiError::conversation_not_found(),
+            SendError::NotFound => StoreError::conversation_not_found().into(),
             SendError::ClientIdReused { .. } => {
                 ApiError::conflict("client-msg-id-reused", err.to_string())
             }
@@ -98,12 +98,6 @@ impl ApiError {
             code: "invalid-parameter",
             field: Some(field.to_owned()),
             detail: detail.into(),
-        }
-    }
-
-    pub fn conversation_not_found() -> Self {
-        Self::NotFound {
-            what: "conversation",
         }
     }
 
