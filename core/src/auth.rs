@@ -12,16 +12,52 @@ use crate::UserId;
 /// The shortest secret we accept: HS256 with fewer than 32 bytes of key is guessable.
 pub const MIN_SECRET_BYTES: usize = 32;
 
+/// Why a token was refused, in words a client developer can act on (the 401 body says
+/// this and nothing of the parser's internals).
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {
     #[error("missing Authorization header")]
     Missing,
     #[error("Authorization header is not `Bearer <token>`")]
     NotBearer,
-    #[error("token rejected: {0}")]
-    Invalid(#[from] jsonwebtoken::errors::Error),
+    #[error("the token is not a JWT (three base64url parts: header, claims, signature)")]
+    Malformed,
+    #[error(
+        "the token's claims are not as expected: `sub` a string, `exp`, `iat` and `nbf` numbers"
+    )]
+    BadClaims,
+    #[error("unsupported token algorithm {0:?}: tokens are signed with HS256")]
+    UnsupportedAlgorithm(String),
+    #[error("the token's signature does not match")]
+    BadSignature,
+    #[error("the token has expired")]
+    Expired,
+    #[error("the token is not valid yet (nbf)")]
+    NotYetValid,
+    #[error("the token was issued in the future (iat)")]
+    IssuedInFuture,
+    #[error("the token has no `{0}` claim")]
+    MissingClaim(String),
     #[error("token subject {0:?} is not a positive numeric user id")]
     BadSubject(String),
+    #[error("the token was rejected")]
+    Rejected,
+}
+
+impl From<jsonwebtoken::errors::Error> for AuthError {
+    fn from(err: jsonwebtoken::errors::Error) -> Self {
+        use jsonwebtoken::errors::ErrorKind as K;
+        match err.into_kind() {
+            K::InvalidToken | K::Base64(_) | K::Utf8(_) => Self::Malformed,
+            K::Json(_) => Self::BadClaims,
+            K::InvalidSignature => Self::BadSignature,
+            K::ExpiredSignature => Self::Expired,
+            K::ImmatureSignature => Self::NotYetValid,
+            K::MissingRequiredClaim(claim) => Self::MissingClaim(claim),
+            // The algorithm is checked by name before (`check_algorithm`).
+            _ => Self::Rejected,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -61,11 +97,17 @@ impl AuthSettings {
     }
 }
 
+/// The claims we read. `exp` and `sub` are required (`Validation`'s required claims;
+/// optional here so a missing one is named rather than a JSON error); `iat` and `nbf`
+/// are optional (RFC 7519) and checked when present.
 #[derive(Debug, Serialize, Deserialize)]
 struct Claims {
-    sub: String,
-    exp: u64,
-    iat: u64,
+    sub: Option<String>,
+    exp: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    iat: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    nbf: Option<u64>,
 }
 
 /// Signs and verifies tokens with one shared secret.
@@ -84,6 +126,7 @@ impl TokenKeys {
         }
         let mut validation = Validation::new(Algorithm::HS256);
         validation.leeway = leeway.as_secs();
+        validation.validate_nbf = true;
         validation.set_required_spec_claims(&["exp", "sub"]);
         Ok(Self {
             encoding: EncodingKey::from_secret(bytes),
@@ -101,20 +144,28 @@ impl TokenKeys {
     /// A token with explicit timestamps; tests use it to make expired tokens.
     pub fn sign(&self, user: UserId, issued_at: u64, expires_at: u64) -> String {
         let claims = Claims {
-            sub: user.to_string(),
-            iat: issued_at,
-            exp: expires_at,
+            sub: Some(user.to_string()),
+            iat: Some(issued_at),
+            exp: Some(expires_at),
+            nbf: None,
         };
         encode(&Header::new(Algorithm::HS256), &claims, &self.encoding)
             .expect("HS256 signing with an in-memory key cannot fail")
     }
 
     pub fn verify(&self, token: &str) -> Result<UserId, AuthError> {
-        let data = decode::<Claims>(token, &self.decoding, &self.validation)?;
-        data.claims
+        check_algorithm(token)?;
+        let claims = decode::<Claims>(token, &self.decoding, &self.validation)?.claims;
+        if claims
+            .iat
+            .is_some_and(|iat| iat > unix_now() + self.validation.leeway)
+        {
+            return Err(AuthError::IssuedInFuture);
+        }
+        let sub = claims
             .sub
-            .parse()
-            .map_err(|_| AuthError::BadSubject(data.claims.sub))
+            .ok_or_else(|| AuthError::MissingClaim("sub".into()))?;
+        sub.parse().map_err(|_| AuthError::BadSubject(sub))
     }
 
     /// Verifies the value of an `Authorization` header.
@@ -125,6 +176,28 @@ impl TokenKeys {
             .or_else(|| value.strip_prefix("bearer "))
             .ok_or(AuthError::NotBearer)?;
         self.verify(token.trim())
+    }
+}
+
+/// The header's `alg`, read before anything else so that a token signed another way
+/// (or `none`) is refused by name.
+fn check_algorithm(token: &str) -> Result<(), AuthError> {
+    use base64::Engine;
+    #[derive(Deserialize)]
+    struct Header {
+        alg: String,
+    }
+    let (header, _) = token.split_once('.').ok_or(AuthError::Malformed)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(header)
+        .map_err(|_| AuthError::Malformed)?;
+    let header: Header = serde_json::from_slice(&bytes).map_err(|_| AuthError::Malformed)?;
+    if header.alg == "HS256" {
+        Ok(())
+    } else {
+        Err(AuthError::UnsupportedAlgorithm(
+            header.alg.chars().take(16).collect(),
+        ))
     }
 }
 
@@ -170,6 +243,89 @@ mod tests {
             k.verify_header(Some("Basic abc")),
             Err(AuthError::NotBearer)
         ));
+    }
+
+    /// A token with these claims, signed with `secret` (HS256).
+    fn signed(secret: &str, claims: serde_json::Value) -> String {
+        encode(
+            &Header::new(Algorithm::HS256),
+            &claims,
+            &EncodingKey::from_secret(secret.as_bytes()),
+        )
+        .unwrap()
+    }
+
+    fn b64(s: &str) -> String {
+        use base64::Engine;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s)
+    }
+
+    #[test]
+    fn iat_and_nbf_are_optional_and_checked_when_present() {
+        let k = keys(SECRET);
+        let now = unix_now();
+        let ten = UserId::new(10).unwrap();
+        let exp = now + 3600;
+        let ok = |claims| k.verify(&signed(SECRET, claims));
+        assert_eq!(
+            ok(serde_json::json!({"sub": "10", "exp": exp})).unwrap(),
+            ten
+        );
+        assert_eq!(
+            ok(serde_json::json!({"sub": "10", "exp": exp, "iat": now - 5, "nbf": now - 5}))
+                .unwrap(),
+            ten
+        );
+        assert!(matches!(
+            ok(serde_json::json!({"sub": "10", "exp": exp, "nbf": now + 600})),
+            Err(AuthError::NotYetValid)
+        ));
+        assert!(matches!(
+            ok(serde_json::json!({"sub": "10", "exp": exp, "iat": now + 600})),
+            Err(AuthError::IssuedInFuture)
+        ));
+    }
+
+    #[test]
+    fn each_refusal_says_what_is_wrong_in_plain_words() {
+        let k = keys(SECRET);
+        let now = unix_now();
+        let user = UserId::new(10).unwrap();
+        let cases: Vec<(String, &str)> = vec![
+            (k.sign(user, now - 7200, now - 3600), "the token has expired"),
+            (
+                keys("another-secret-another-secret-xx").issue(user, Duration::from_secs(60)),
+                "the token's signature does not match",
+            ),
+            (
+                format!("{}.{}.", b64(r#"{"alg":"none","typ":"JWT"}"#), b64(r#"{"sub":"10"}"#)),
+                r#"unsupported token algorithm "none": tokens are signed with HS256"#,
+            ),
+            (
+                signed(SECRET, serde_json::json!({"exp": now + 60})),
+                "the token has no `sub` claim",
+            ),
+            (
+                signed(SECRET, serde_json::json!({"sub": "10"})),
+                "the token has no `exp` claim",
+            ),
+            (
+                signed(SECRET, serde_json::json!({"sub": "ten", "exp": now + 60})),
+                "token subject \"ten\" is not a positive numeric user id",
+            ),
+            (
+                signed(SECRET, serde_json::json!({"sub": 10, "exp": now + 60})),
+                "the token's claims are not as expected: `sub` a string, `exp`, `iat` and `nbf` numbers",
+            ),
+            (
+                "not-a-jwt".into(),
+                "the token is not a JWT (three base64url parts: header, claims, signature)",
+            ),
+        ];
+        for (token, words) in cases {
+            let err = k.verify(&token).unwrap_err();
+            assert_eq!(err.to_string(), words, "for {token}");
+        }
     }
 
     #[test]

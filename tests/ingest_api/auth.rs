@@ -116,3 +116,50 @@ async fn a_non_member_is_refused_on_every_conversation_endpoint_as_if_it_did_not
         2
     );
 }
+
+/// A standard HS256 token as other issuers make it: no `iat` (RFC 7519 makes it
+/// optional), with `nbf`. And a 401 says what is wrong in plain words, not the parser's.
+#[tokio::test]
+async fn a_standard_token_without_iat_is_accepted_and_refusals_are_plain_words() {
+    use jsonwebtoken::{encode, EncodingKey, Header};
+    let app = spawn_app().await;
+    let now = chatpipe_core::auth::unix_now();
+    let sign = |claims: serde_json::Value| {
+        encode(
+            &Header::default(),
+            &claims,
+            &EncodingKey::from_secret(chatpipe_tests::JWT_SECRET.as_bytes()),
+        )
+        .unwrap()
+    };
+    let standard = sign(json!({"sub": "42", "exp": now + 600, "nbf": now - 5}));
+    let client = app.with_auth(Some(format!("Bearer {standard}")));
+    client.get("/inbox").await.expect(200);
+
+    let refusals = [
+        (
+            sign(json!({"sub": "42", "exp": now + 600, "nbf": now + 600})),
+            "the token is not valid yet (nbf)",
+        ),
+        (
+            format!(
+                "{}.{}.",
+                base64_url(r#"{"alg":"none","typ":"JWT"}"#),
+                base64_url(r#"{"sub":"42","exp":99999999999}"#)
+            ),
+            r#"unsupported token algorithm "none": tokens are signed with HS256"#,
+        ),
+        (
+            sign(json!({"exp": now + 600})),
+            "the token has no `sub` claim",
+        ),
+    ];
+    for (token, words) in refusals {
+        let problem = app
+            .with_auth(Some(format!("Bearer {token}")))
+            .get("/inbox")
+            .await
+            .problem(401);
+        assert_eq!(problem["detail"], words, "{problem}");
+    }
+}
