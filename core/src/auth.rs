@@ -36,6 +36,10 @@ pub enum AuthError {
     NotYetValid,
     #[error("the token was issued in the future (iat)")]
     IssuedInFuture,
+    #[error("the token's audience (aud) is not {0:?}")]
+    WrongAudience(String),
+    #[error("the token's issuer (iss) is not {0:?}")]
+    WrongIssuer(String),
     #[error("the token has no `{0}` claim")]
     MissingClaim(String),
     #[error("token subject {0:?} is not a positive numeric user id")]
@@ -44,10 +48,12 @@ pub enum AuthError {
     Rejected,
 }
 
-impl From<jsonwebtoken::errors::Error> for AuthError {
-    fn from(err: jsonwebtoken::errors::Error) -> Self {
+impl AuthError {
+    fn from_jwt(err: jsonwebtoken::errors::Error, keys: &TokenKeys) -> Self {
         use jsonwebtoken::errors::ErrorKind as K;
         match err.into_kind() {
+            K::InvalidAudience => Self::WrongAudience(keys.audience.clone().unwrap_or_default()),
+            K::InvalidIssuer => Self::WrongIssuer(keys.issuer.clone().unwrap_or_default()),
             K::InvalidToken | K::Base64(_) | K::Utf8(_) => Self::Malformed,
             K::Json(_) => Self::BadClaims,
             K::InvalidSignature => Self::BadSignature,
@@ -71,8 +77,14 @@ pub struct AuthSettings {
     /// The HS256 secret (`JWT_SECRET`); optional so commands that verify nothing
     /// (`ingest-api migrate`) run without it.
     pub jwt_secret: Option<SecretString>,
-    /// Clock skew allowed when checking `exp`.
+    /// Clock skew allowed when checking `exp`, `nbf` and `iat`.
     pub leeway_secs: u64,
+    /// When set, a token must carry this `aud` (or a list holding it).
+    #[serde(default)]
+    pub audience: Option<String>,
+    /// When set, a token's `iss` must be exactly this.
+    #[serde(default)]
+    pub issuer: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -90,10 +102,11 @@ impl AuthSettings {
             .jwt_secret
             .as_ref()
             .ok_or(AuthSettingsError::MissingSecret)?;
-        Ok(TokenKeys::new(
-            secret,
-            Duration::from_secs(self.leeway_secs),
-        )?)
+        Ok(
+            TokenKeys::new(secret, Duration::from_secs(self.leeway_secs))?
+                .with_audience(self.audience.as_deref())
+                .with_issuer(self.issuer.as_deref()),
+        )
     }
 }
 
@@ -116,6 +129,16 @@ pub struct TokenKeys {
     encoding: EncodingKey,
     decoding: DecodingKey,
     validation: Validation,
+    audience: Option<String>,
+    issuer: Option<String>,
+}
+
+/// A verified token: whose it is and until when it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verified {
+    pub user: UserId,
+    /// `exp`, seconds since the epoch.
+    pub expires_at: u64,
 }
 
 impl TokenKeys {
@@ -127,12 +150,49 @@ impl TokenKeys {
         let mut validation = Validation::new(Algorithm::HS256);
         validation.leeway = leeway.as_secs();
         validation.validate_nbf = true;
+        // `aud` is checked only when configured (`with_audience`).
+        validation.validate_aud = false;
         validation.set_required_spec_claims(&["exp", "sub"]);
         Ok(Self {
             encoding: EncodingKey::from_secret(bytes),
             decoding: DecodingKey::from_secret(bytes),
             validation,
+            audience: None,
+            issuer: None,
         })
+    }
+
+    /// Requires `aud` to name `audience` (no check when `None`).
+    pub fn with_audience(mut self, audience: Option<&str>) -> Self {
+        self.audience = audience.map(str::to_owned);
+        match audience {
+            Some(aud) => {
+                self.validation.set_audience(&[aud]);
+                self.validation.validate_aud = true;
+            }
+            None => self.validation.validate_aud = false,
+        }
+        self.require_claims();
+        self
+    }
+
+    /// Requires `iss` to be `issuer` (no check when `None`).
+    pub fn with_issuer(mut self, issuer: Option<&str>) -> Self {
+        self.issuer = issuer.map(str::to_owned);
+        self.validation.iss = issuer.map(|iss| std::iter::once(iss.to_owned()).collect());
+        self.require_claims();
+        self
+    }
+
+    fn require_claims(&mut self) {
+        let mut required = vec!["exp", "sub"];
+        if self.audience.is_some() {
+            required.push("aud");
+        }
+        if self.issuer.is_some() {
+            required.push("iss");
+        }
+        self.validation.set_required_spec_claims(&required);
     }
 
     /// A token for `user` that expires after `ttl`.
@@ -154,8 +214,16 @@ impl TokenKeys {
     }
 
     pub fn verify(&self, token: &str) -> Result<UserId, AuthError> {
+        self.verify_until(token).map(|v| v.user)
+    }
+
+    /// Verifies `token` and says until when it holds (the gateway closes a WebSocket
+    /// when its token expires).
+    pub fn verify_until(&self, token: &str) -> Result<Verified, AuthError> {
         check_algorithm(token)?;
-        let claims = decode::<Claims>(token, &self.decoding, &self.validation)?.claims;
+        let claims = decode::<Claims>(token, &self.decoding, &self.validation)
+            .map_err(|e| AuthError::from_jwt(e, self))?
+            .claims;
         if claims
             .iat
             .is_some_and(|iat| iat > unix_now() + self.validation.leeway)
@@ -165,17 +233,26 @@ impl TokenKeys {
         let sub = claims
             .sub
             .ok_or_else(|| AuthError::MissingClaim("sub".into()))?;
-        sub.parse().map_err(|_| AuthError::BadSubject(sub))
+        let user = sub.parse().map_err(|_| AuthError::BadSubject(sub))?;
+        let expires_at = claims
+            .exp
+            .ok_or_else(|| AuthError::MissingClaim("exp".into()))?;
+        Ok(Verified { user, expires_at })
     }
 
     /// Verifies the value of an `Authorization` header.
     pub fn verify_header(&self, header: Option<&str>) -> Result<UserId, AuthError> {
+        self.verify_header_until(header).map(|v| v.user)
+    }
+
+    /// [`TokenKeys::verify_header`], saying until when the token holds.
+    pub fn verify_header_until(&self, header: Option<&str>) -> Result<Verified, AuthError> {
         let value = header.ok_or(AuthError::Missing)?;
         let token = value
             .strip_prefix("Bearer ")
             .or_else(|| value.strip_prefix("bearer "))
             .ok_or(AuthError::NotBearer)?;
-        self.verify(token.trim())
+        self.verify_until(token.trim())
     }
 }
 
@@ -326,6 +403,45 @@ mod tests {
             let err = k.verify(&token).unwrap_err();
             assert_eq!(err.to_string(), words, "for {token}");
         }
+    }
+
+    #[test]
+    fn audience_and_issuer_are_checked_only_when_configured() {
+        let now = unix_now();
+        let claims = |extra: serde_json::Value| {
+            let mut c = serde_json::json!({"sub": "10", "exp": now + 60});
+            c.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            signed(SECRET, c)
+        };
+        let plain = keys(SECRET);
+        assert!(plain
+            .verify(&claims(
+                serde_json::json!({"aud": "other", "iss": "anyone"})
+            ))
+            .is_ok());
+        let strict = keys(SECRET)
+            .with_audience(Some("chat"))
+            .with_issuer(Some("https://id.example"));
+        let good = serde_json::json!({"aud": ["web", "chat"], "iss": "https://id.example"});
+        assert_eq!(
+            strict.verify_until(&claims(good)).unwrap().expires_at,
+            now + 60
+        );
+        let words = |extra| strict.verify(&claims(extra)).unwrap_err().to_string();
+        assert_eq!(
+            words(serde_json::json!({"aud": "web", "iss": "https://id.example"})),
+            r#"the token's audience (aud) is not "chat""#
+        );
+        assert_eq!(
+            words(serde_json::json!({"aud": "chat", "iss": "https://evil.example"})),
+            r#"the token's issuer (iss) is not "https://id.example""#
+        );
+        assert_eq!(
+            words(serde_json::json!({"iss": "https://id.example"})),
+            "the token has no `aud` claim"
+        );
     }
 
     #[test]

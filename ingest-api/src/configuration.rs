@@ -35,6 +35,7 @@ pub struct Settings {
     pub reads: ReadSettings,
     pub kafka: KafkaSettings,
     pub sends: crate::store::send::SendSettings,
+    pub rate_limits: crate::rate::RateLimitSettings,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

@@ -43,14 +43,7 @@ impl MessageBody {
         if raw.trim().is_empty() {
             return Err(ApiError::invalid("body", "must not be empty"));
         }
-        // PostgreSQL text cannot hold U+0000: refused here, it would fail the whole
-        // batch of sends it was written with, again on every retry.
-        if raw.contains('\0') {
-            return Err(ApiError::invalid(
-                "body",
-                "must not contain the character U+0000",
-            ));
-        }
+        storable("body", &raw)?;
         let chars = raw.chars().count();
         if chars > limits.max_body_chars {
             return Err(ApiError::invalid(
@@ -69,11 +62,25 @@ impl MessageBody {
     }
 }
 
+/// PostgreSQL text holds any Unicode scalar value but U+0000 (and JSON cannot carry a
+/// lone surrogate: serde refuses it as malformed JSON, 400). Refused here with the field's
+/// name: it would fail the statement it was written with, again on every retry.
+fn storable(field: &str, text: &str) -> Result<(), ApiError> {
+    match text.find('\0') {
+        Some(at) => Err(ApiError::invalid(
+            field,
+            format!("must not contain the character U+0000 (found at byte {at}); PostgreSQL text cannot store it"),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// A group title: optional, trimmed, at most `limits.max_title_chars` characters.
 pub fn parse_title(raw: Option<String>, limits: &Limits) -> Result<Option<String>, ApiError> {
     let Some(title) = raw.map(|t| t.trim().to_owned()).filter(|t| !t.is_empty()) else {
         return Ok(None);
     };
+    storable("title", &title)?;
     if title.chars().count() > limits.max_title_chars {
         return Err(ApiError::invalid(
             "title",

@@ -45,6 +45,12 @@ pub enum ApiError {
     SendUnavailable(String),
     #[error("database error: {0}")]
     Database(sqlx::Error),
+    /// Over the caller's token bucket (`[rate_limits]`): 429 with `Retry-After`.
+    #[error("{detail}")]
+    RateLimited {
+        retry_after: std::time::Duration,
+        detail: String,
+    },
 }
 
 impl From<sqlx::Error> for ApiError {
@@ -174,6 +180,12 @@ impl ApiError {
                 "Service unavailable",
                 "the message was not written; retry with the same clientMsgId",
             ),
+            Self::RateLimited { detail, .. } => Problem::new(
+                S::TOO_MANY_REQUESTS,
+                "rate-limited",
+                "Too many requests",
+                detail.clone(),
+            ),
             // The cause goes to the log, not to the client.
             Self::Database(_) => Problem::new(
                 S::INTERNAL_SERVER_ERROR,
@@ -196,6 +208,13 @@ impl IntoResponse for ApiError {
             response
                 .headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if let Self::RateLimited { retry_after, .. } = &self {
+            // Whole seconds, rounded up: a client that waits that long gets a token.
+            let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
         }
         response
             .extensions_mut()

@@ -16,6 +16,7 @@ use tokio::net::TcpListener;
 
 use crate::configuration::ReadMode;
 use crate::configuration::{DatabaseSettings, Settings};
+use crate::rate::RateLimits;
 use crate::receipts::ReceiptProducer;
 use crate::routes;
 use crate::state::AppState;
@@ -68,6 +69,10 @@ impl Application {
             outbox: Outbox::new(codec, settings.outbox.delete_after_write),
         };
         let sends = SendQueue::new(store.clone(), settings.sends.clone());
+        let rate = RateLimits::new(&settings.rate_limits);
+        rate.spawn_sweeper(Duration::from_millis(
+            settings.rate_limits.sweep_interval_ms,
+        ));
         let state = AppState {
             sends: sends.clone(),
             store,
@@ -76,6 +81,7 @@ impl Application {
             max_request_bytes: settings.http.max_request_bytes,
             metrics: chatpipe_core::telemetry::metrics_handle(),
             receipts,
+            rate,
         };
         let router = routes::router(state, settings.http.request_timeout());
         let listener = TcpListener::bind(settings.http.addr)

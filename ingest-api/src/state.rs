@@ -6,6 +6,7 @@ use chatpipe_core::auth::TokenKeys;
 use chatpipe_core::telemetry::PrometheusHandle;
 
 use crate::configuration::Limits;
+use crate::rate::RateLimits;
 use crate::receipts::ReceiptProducer;
 use crate::store::send::SendQueue;
 use crate::store::Store;
@@ -21,6 +22,8 @@ pub struct AppState {
     pub limits: Arc<Limits>,
     pub max_request_bytes: usize,
     pub metrics: PrometheusHandle,
+    /// Per-user token buckets for sends, creations and member changes.
+    pub rate: RateLimits,
     /// `Some` when `reads.mode = "stream"`.
     pub receipts: Option<ReceiptProducer>,
 }

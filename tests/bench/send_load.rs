@@ -134,11 +134,22 @@ async fn main() -> anyhow::Result<()> {
             args.conversations,
             users.len()
         );
+        // The senders take turns creating (conversation creation is rate-limited per
+        // user: [rate_limits] creates); every sender is a member of every conversation.
+        let create = |n: usize| {
+            let creator = n % users.len();
+            let others: Vec<i64> = users
+                .iter()
+                .copied()
+                .filter(|&u| u != users[creator])
+                .collect();
+            create_group(&http, &args.base, &tokens[creator], others)
+        };
         let mut conversations = Vec::with_capacity(args.conversations);
-        for _ in 0..args.conversations {
-            conversations.push(create_group(&http, &args.base, &tokens[0], &users[1..]).await?);
+        for n in 0..args.conversations {
+            conversations.push(create(n).await?);
         }
-        let hot = vec![create_group(&http, &args.base, &tokens[0], &users[1..]).await?];
+        let hot = vec![create(args.conversations).await?];
 
         let mut phases = Vec::new();
         for (name, convs) in [("spread", conversations), ("hot", hot)] {
@@ -262,7 +273,7 @@ async fn create_group(
     http: &reqwest::Client,
     base: &str,
     token: &str,
-    members: &[i64],
+    members: Vec<i64>,
 ) -> anyhow::Result<i64> {
     let res = http
         .post(format!("{base}/conversations"))

@@ -173,6 +173,25 @@ async fn bad_path_and_query_values_are_400_naming_the_parameter() {
         (format!("/conversations/{conv}/messages/x/receipts"), "seq"),
         ("/inbox?limit=1000".to_owned(), "limit"),
         ("/inbox?cursor=garbage".to_owned(), "cursor"),
+        // Well-formed, but out of range: a time PostgreSQL cannot hold, a time past any
+        // this API hands out, a conversation id that cannot exist.
+        (
+            format!("/inbox?cursor={}", cursor("-9223372036854775807:1")),
+            "cursor",
+        ),
+        (
+            format!("/inbox?cursor={}", cursor("-210000000000000000:1")),
+            "cursor",
+        ),
+        (
+            format!("/inbox?cursor={}", cursor("253402300800000000:1")),
+            "cursor",
+        ),
+        (format!("/inbox?cursor={}", cursor("1:0")), "cursor"),
+        (
+            format!("/inbox?cursor={}", cursor("1:99999999999999999999")),
+            "cursor",
+        ),
     ];
     for (path, field) in cases {
         let problem = alice.get(&path).await.problem(400);
@@ -210,6 +229,12 @@ async fn bad_conversation_requests_are_refused() {
         ),
         (
             json!({"type": "GROUP", "memberIds": [2], "title": "t".repeat(201)}),
+            "title",
+            422,
+        ),
+        // PostgreSQL text cannot store U+0000: 422 naming the field, not a 500.
+        (
+            json!({"type": "GROUP", "memberIds": [2], "title": "a\u{0}b"}),
             "title",
             422,
         ),
@@ -258,4 +283,10 @@ async fn unknown_routes_and_methods_answer_problems() {
     app.user(10).get("/nope").await.problem(404);
     let res = app.user(10).delete("/inbox").await;
     assert_eq!(res.problem(405)["type"], "/problems/method-not-allowed");
+}
+
+/// A cursor in the inbox's encoding (base64url of `<micros>:<conversationId>`).
+fn cursor(text: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(text)
 }

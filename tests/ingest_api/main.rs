@@ -6,6 +6,7 @@ mod bounds;
 mod conversations;
 mod group_commit;
 mod inbox;
+mod limits;
 mod operations;
 mod reads;
 mod schema_contract;

@@ -220,6 +220,7 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
 pub struct Resp {
     pub status: u16,
     pub content_type: String,
+    pub headers: reqwest::header::HeaderMap,
     pub body: Value,
 }
 
@@ -402,6 +403,7 @@ impl Client<'_> {
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default()
             .to_owned();
+        let headers = res.headers().clone();
         let bytes = res.bytes().await.expect("response body");
         let body = if bytes.is_empty() {
             Value::Null
@@ -412,6 +414,7 @@ impl Client<'_> {
         Resp {
             status,
             content_type,
+            headers,
             body,
         }
     }

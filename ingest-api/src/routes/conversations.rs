@@ -7,6 +7,7 @@ use serde::Deserialize;
 use crate::domain::{parse_title, user_ids, ConversationKind};
 use crate::error::ApiError;
 use crate::extract::{Caller, ConversationPath, Json, PathParams};
+use crate::rate::Kind;
 use crate::state::AppState;
 use crate::store::conversations as store;
 
@@ -25,6 +26,7 @@ pub async fn create(
     Caller(caller): Caller,
     Json(req): Json<CreateConversation>,
 ) -> Result<impl IntoResponse, ApiError> {
+    state.rate.check(Kind::Create, caller)?;
     if req.kind.parse() != Ok(ConversationKind::Group) {
         return Err(ApiError::invalid(
             "type",
@@ -57,6 +59,7 @@ pub async fn open_direct(
     Caller(caller): Caller,
     Json(req): Json<OpenDirect>,
 ) -> Result<impl IntoResponse, ApiError> {
+    state.rate.check(Kind::Create, caller)?;
     let peer = UserId::new(req.peer_id).map_err(|e| ApiError::invalid("peerId", e.to_string()))?;
     if peer == caller {
         return Err(ApiError::invalid(
@@ -86,6 +89,7 @@ pub async fn add_members(
     ConversationPath(conversation): ConversationPath,
     Json(req): Json<AddMembers>,
 ) -> Result<impl IntoResponse, ApiError> {
+    state.rate.check(Kind::MemberChange, caller)?;
     let limits = &state.limits;
     let ids = user_ids("userIds", req.user_ids, limits.max_group_members)?;
     if ids.is_empty() {
@@ -108,6 +112,7 @@ pub async fn remove_member(
     Caller(caller): Caller,
     path: PathParams,
 ) -> Result<StatusCode, ApiError> {
+    state.rate.check(Kind::MemberChange, caller)?;
     let conversation: ConversationId = path.get("id")?;
     let user: UserId = path.get("userId")?;
     store::remove_member(&state.store, conversation, caller, user).await?;

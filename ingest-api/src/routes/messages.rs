@@ -7,6 +7,7 @@ use uuid::Uuid;
 use crate::domain::{page_limit, MessageBody};
 use crate::error::ApiError;
 use crate::extract::{Caller, ConversationPath, Json, Query};
+use crate::rate::Kind;
 use crate::state::AppState;
 use crate::store::messages::{self as store, Page};
 use crate::store::send::SendOutcome;
@@ -25,6 +26,7 @@ pub async fn send(
     ConversationPath(conversation): ConversationPath,
     Json(req): Json<SendMessage>,
 ) -> Result<impl IntoResponse, ApiError> {
+    state.rate.check(Kind::Send, sender)?;
     let body = MessageBody::parse(req.body, &state.limits)?;
     Ok(
         match state

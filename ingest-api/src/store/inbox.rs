@@ -61,22 +61,31 @@ pub struct InboxPage {
 /// Keyset position: the (last_activity_at, id) of the last entry of the previous page.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Cursor {
-    activity_micros: i64,
+    activity: DateTime<Utc>,
     conversation_id: i64,
 }
 
 impl Cursor {
     pub fn encode(&self) -> String {
-        URL_SAFE_NO_PAD.encode(format!("{}:{}", self.activity_micros, self.conversation_id))
+        URL_SAFE_NO_PAD.encode(format!(
+            "{}:{}",
+            self.activity.timestamp_micros(),
+            self.conversation_id
+        ))
     }
 
-    /// `None` when `raw` is not a cursor this API returned.
+    /// `None` when `raw` is not a cursor this API returned: not base64url of
+    /// `<micros>:<id>`, a time outside years 1..=9999 (PostgreSQL's timestamptz would
+    /// refuse some of those), or an id that is not positive.
     pub fn decode(raw: &str) -> Option<Self> {
         let text = String::from_utf8(URL_SAFE_NO_PAD.decode(raw).ok()?).ok()?;
         let (micros, id) = text.split_once(':')?;
-        Some(Self {
-            activity_micros: micros.parse().ok()?,
-            conversation_id: id.parse().ok()?,
+        let activity = DateTime::from_timestamp_micros(micros.parse().ok()?)?;
+        let conversation_id: i64 = id.parse().ok()?;
+        use chrono::Datelike;
+        ((1..=9999).contains(&activity.year()) && conversation_id > 0).then_some(Self {
+            activity,
+            conversation_id,
         })
     }
 }
@@ -88,9 +97,7 @@ pub async fn inbox(
     limit: i64,
     preview_chars: usize,
 ) -> Result<InboxPage, StoreError> {
-    let after = cursor.and_then(|c| {
-        DateTime::from_timestamp_micros(c.activity_micros).map(|t| (t, c.conversation_id))
-    });
+    let after = cursor.map(|c| (c.activity, c.conversation_id));
     let mut conversations: Vec<InboxEntry> = sqlx::query_as(
         "SELECT c.id AS conversation_id, c.type AS kind, c.title, c.last_seq, m.last_read_seq,
                 c.last_seq - m.last_read_seq AS unread_count, c.member_count, c.last_activity_at,
@@ -118,7 +125,7 @@ pub async fn inbox(
         conversations.truncate(limit as usize);
         conversations.last().map(|e| {
             Cursor {
-                activity_micros: e.last_activity_at.timestamp_micros(),
+                activity: e.last_activity_at,
                 conversation_id: e.conversation_id,
             }
             .encode()
@@ -155,11 +162,14 @@ mod tests {
     #[test]
     fn cursor_round_trips_and_rejects_garbage() {
         let c = Cursor {
-            activity_micros: 1_700_000_000_123_456,
+            activity: DateTime::from_timestamp_micros(1_700_000_000_123_456).unwrap(),
             conversation_id: 42,
         };
         assert_eq!(Cursor::decode(&c.encode()).unwrap(), c);
         assert!(Cursor::decode("not-a-cursor!").is_none());
         assert!(Cursor::decode(&URL_SAFE_NO_PAD.encode("12:x")).is_none());
+        for out_of_range in ["-9223372036854775807:1", "253402300800000000:1", "12:0"] {
+            assert!(Cursor::decode(&URL_SAFE_NO_PAD.encode(out_of_range)).is_none());
+        }
     }
 }

@@ -1,0 +1,195 @@
+//! Per-user rate limits: a token bucket per user for each kind of write that costs the
+//! service (sends, conversations created, member changes). A request over its bucket is
+//! refused with 429 and `Retry-After` before it reaches the database. The buckets are
+//! governor's keyed GCRA limiters; [`RateLimits::sweep`] forgets users whose buckets are
+//! full again, so the table holds only recently active users.
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chatpipe_core::UserId;
+use governor::clock::{Clock, DefaultClock};
+use governor::{DefaultKeyedRateLimiter, Quota};
+use serde::Deserialize;
+
+use crate::error::ApiError;
+
+/// One bucket: `rate` requests per `per_secs` seconds, at most `burst` at once.
+/// `rate = 0` turns the limit off.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Bucket {
+    pub rate: u32,
+    pub per_secs: u32,
+    pub burst: u32,
+}
+
+/// `[rate_limits]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitSettings {
+    /// `POST /conversations/{id}/messages`.
+    pub sends: Bucket,
+    /// `POST /conversations` and `POST /direct`.
+    pub creates: Bucket,
+    /// Adding and removing members (leaving included).
+    pub member_changes: Bucket,
+    /// How often users with full buckets are forgotten.
+    pub sweep_interval_ms: u64,
+}
+
+/// What a bucket limits; the label of `rate_limited_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Send,
+    Create,
+    MemberChange,
+}
+
+impl Kind {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Send => "send",
+            Self::Create => "create",
+            Self::MemberChange => "member_change",
+        }
+    }
+}
+
+struct Limiter {
+    bucket: Bucket,
+    limiter: DefaultKeyedRateLimiter<UserId>,
+}
+
+/// The three limiters; cheap to clone.
+#[derive(Clone)]
+pub struct RateLimits {
+    limiters: Arc<[Option<Limiter>; 3]>,
+}
+
+impl RateLimits {
+    pub fn new(settings: &RateLimitSettings) -> Self {
+        let limiter = |bucket: Bucket| {
+            let rate = NonZeroU32::new(bucket.rate)?;
+            let period = Duration::from_secs(u64::from(bucket.per_secs.max(1))) / rate.get();
+            let burst = NonZeroU32::new(bucket.burst).unwrap_or(rate);
+            let quota = Quota::with_period(period)?.allow_burst(burst);
+            Some(Limiter {
+                bucket,
+                limiter: governor::RateLimiter::keyed(quota),
+            })
+        };
+        Self {
+            limiters: Arc::new([
+                limiter(settings.sends),
+                limiter(settings.creates),
+                limiter(settings.member_changes),
+            ]),
+        }
+    }
+
+    fn index(kind: Kind) -> usize {
+        match kind {
+            Kind::Send => 0,
+            Kind::Create => 1,
+            Kind::MemberChange => 2,
+        }
+    }
+
+    /// Takes one token from `user`'s `kind` bucket, or says when one will be there.
+    pub fn check(&self, kind: Kind, user: UserId) -> Result<(), ApiError> {
+        let Some(l) = &self.limiters[Self::index(kind)] else {
+            return Ok(());
+        };
+        match l.limiter.check_key(&user) {
+            Ok(()) => Ok(()),
+            Err(not_until) => {
+                metrics::counter!("rate_limited_total", "kind" => kind.label()).increment(1);
+                let wait = not_until.wait_time_from(DefaultClock::default().now());
+                Err(ApiError::RateLimited {
+                    retry_after: wait,
+                    detail: format!(
+                        "more than {} {}s per {} s (burst {}); retry after {} ms",
+                        l.bucket.rate,
+                        kind.label().replace('_', " "),
+                        l.bucket.per_secs,
+                        l.bucket.burst,
+                        wait.as_millis().max(1)
+                    ),
+                })
+            }
+        }
+    }
+
+    /// Forgets users whose buckets are full again; sets `rate_limit_users{kind}`.
+    pub fn sweep(&self) {
+        for kind in [Kind::Send, Kind::Create, Kind::MemberChange] {
+            if let Some(l) = &self.limiters[Self::index(kind)] {
+                l.limiter.retain_recent();
+                l.limiter.shrink_to_fit();
+                metrics::gauge!("rate_limit_users", "kind" => kind.label())
+                    .set(l.limiter.len() as f64);
+            }
+        }
+    }
+
+    /// Sweeps every `interval` for as long as the process runs.
+    pub fn spawn_sweeper(&self, interval: Duration) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval.max(Duration::from_millis(100)));
+            loop {
+                tick.tick().await;
+                this.sweep();
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(sends: Bucket) -> RateLimitSettings {
+        let off = Bucket {
+            rate: 0,
+            per_secs: 1,
+            burst: 0,
+        };
+        RateLimitSettings {
+            sends,
+            creates: off,
+            member_changes: off,
+            sweep_interval_ms: 60_000,
+        }
+    }
+
+    #[test]
+    fn a_user_gets_the_burst_then_waits_and_others_are_not_affected() {
+        let limits = RateLimits::new(&settings(Bucket {
+            rate: 60,
+            per_secs: 60,
+            burst: 3,
+        }));
+        let (a, b) = (UserId::of(1), UserId::of(2));
+        for _ in 0..3 {
+            limits.check(Kind::Send, a).unwrap();
+        }
+        match limits.check(Kind::Send, a) {
+            Err(ApiError::RateLimited { retry_after, .. }) => {
+                assert!(
+                    retry_after > Duration::from_millis(900)
+                        && retry_after <= Duration::from_secs(1),
+                    "one token a second: {retry_after:?}"
+                )
+            }
+            other => panic!("expected 429, got {other:?}"),
+        }
+        limits.check(Kind::Send, b).unwrap();
+        // A kind whose rate is 0 is not limited.
+        for _ in 0..100 {
+            limits.check(Kind::Create, a).unwrap();
+        }
+    }
+}
