@@ -4,6 +4,7 @@
 pub mod auth;
 pub mod config;
 pub mod db;
+pub mod http;
 pub mod kafka;
 pub mod outbox;
 pub mod problem;

@@ -13,6 +13,16 @@ use crate::sessions::{Outbound, Session};
 pub const CLOSE_OVERFLOW: u16 = 1008;
 /// Close code 1001 (going away): no pong for two heartbeats, or the gateway stops.
 pub const CLOSE_GOING_AWAY: u16 = 1001;
+/// Close code 1013 (try again later): the gateway holds `sessions.max_sessions`.
+pub const CLOSE_TRY_AGAIN_LATER: u16 = 1013;
+/// Close code 4001: the token was refused at connect; the reason says why. A browser
+/// cannot see a 401 before the upgrade, so the gateway upgrades and closes with this.
+pub const CLOSE_UNAUTHORIZED: u16 = 4001;
+/// Close code 4002: the token expired while connected; reconnect with a new one.
+pub const CLOSE_TOKEN_EXPIRED: u16 = 4002;
+/// Close code 4008: a newer session of the same user replaced this one
+/// (`sessions.max_sessions_per_user`).
+pub const CLOSE_REPLACED: u16 = 4008;
 
 /// Why a connection ended.
 #[derive(Debug, PartialEq, Eq)]
@@ -25,6 +35,8 @@ pub enum Ended {
     WriteTimeout,
     SendFailed,
     Shutdown,
+    TokenExpired,
+    Replaced,
 }
 
 pub async fn serve<S, R, E>(
@@ -44,6 +56,14 @@ where
     let mut ticker = tokio::time::interval_at(Instant::now() + heartbeat, heartbeat);
     let mut last_heard = Instant::now();
     tokio::pin!(shutdown);
+    let token_expires = session.token_expires;
+    let expiry = async move {
+        match token_expires {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(expiry);
     loop {
         tokio::select! {
             outbound = session.outbound.recv() => match outbound {
@@ -55,6 +75,10 @@ where
                 Some(Outbound::Overflowed) => {
                     close(&mut sink, CLOSE_OVERFLOW, "send queue overflow", patience).await;
                     return Ended::Overflowed;
+                }
+                Some(Outbound::Replaced) => {
+                    close(&mut sink, CLOSE_REPLACED, "replaced by a newer session of this user", patience).await;
+                    return Ended::Replaced;
                 }
                 None => return Ended::Shutdown,
             },
@@ -72,6 +96,11 @@ where
                 if let Err(ended) = send_within(&mut sink, Message::Ping(Vec::new().into()), patience).await {
                     return ended;
                 }
+            }
+            () = &mut expiry => {
+                metrics::counter!("gateway_tokens_expired_total").increment(1);
+                close(&mut sink, CLOSE_TOKEN_EXPIRED, "token expired; reconnect with a new token", patience).await;
+                return Ended::TokenExpired;
             }
             () = &mut shutdown => {
                 // Drain: what was queued before the stop still goes out.
@@ -153,7 +182,7 @@ mod tests {
     #[tokio::test]
     async fn queued_frames_go_out_as_text_in_order() {
         let sessions = Sessions::new(8);
-        let session = sessions.join(UserId::of(10));
+        let session = sessions.join(UserId::of(10)).unwrap();
         let (out_tx, mut out_rx) = wire();
         let (in_tx, in_rx) = mpsc::unbounded::<Inbound>();
         sessions.push(&[UserId::of(10)], "one");
@@ -174,7 +203,7 @@ mod tests {
     #[tokio::test]
     async fn an_overflowing_client_is_closed_with_a_reason() {
         let sessions = Sessions::new(2);
-        let session = sessions.join(UserId::of(10));
+        let session = sessions.join(UserId::of(10)).unwrap();
         for i in 0..10 {
             sessions.push(&[UserId::of(10)], &i.to_string());
         }
@@ -203,7 +232,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_silent_client_is_pinged_then_closed_after_two_heartbeats() {
         let sessions = Sessions::new(2);
-        let session = sessions.join(UserId::of(10));
+        let session = sessions.join(UserId::of(10)).unwrap();
         let (out_tx, mut out_rx) = wire();
         let (_in_tx, in_rx) = mpsc::unbounded::<Inbound>();
         let conn = tokio::spawn(serve(
@@ -226,7 +255,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_client_that_answers_stays_connected() {
         let sessions = Sessions::new(2);
-        let session = sessions.join(UserId::of(10));
+        let session = sessions.join(UserId::of(10)).unwrap();
         let (out_tx, mut out_rx) = wire();
         let (in_tx, in_rx) = mpsc::unbounded::<Inbound>();
         let conn = tokio::spawn(serve(
@@ -250,7 +279,7 @@ mod tests {
     #[tokio::test]
     async fn on_shutdown_queued_frames_go_out_before_the_close() {
         let sessions = Sessions::new(8);
-        let session = sessions.join(UserId::of(10));
+        let session = sessions.join(UserId::of(10)).unwrap();
         for frame in ["one", "two", "three"] {
             sessions.push(&[UserId::of(10)], frame);
         }
@@ -311,7 +340,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_socket_that_takes_nothing_is_dropped_after_two_heartbeats() {
         let sessions = Sessions::new(8);
-        let session = sessions.join(UserId::of(10));
+        let session = sessions.join(UserId::of(10)).unwrap();
         sessions.push(&[UserId::of(10)], "stuck behind a full socket");
         let (_in_tx, in_rx) = mpsc::unbounded::<Inbound>();
         let started = Instant::now();

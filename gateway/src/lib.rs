@@ -14,16 +14,14 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::extract::ws::WebSocketUpgrade;
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::State;
-use axum::http::{header, HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::http::{header, HeaderMap};
+use axum::response::Response;
 use axum::routing::get;
 use axum::Router;
-use chatpipe_core::auth::{AuthError, AuthSettings, TokenKeys};
+use chatpipe_core::auth::{unix_now, AuthError, AuthSettings, TokenKeys, Verified};
 use chatpipe_core::config::{KafkaSettings, RegistrySettings};
-use chatpipe_core::problem::Problem;
-use chatpipe_core::UserId;
 use futures::StreamExt;
 use pipeline::runtime::{
     Reader, ReaderSettings, ReaderSpec, Readiness, Source, Supervisor, WriterSchemas,
@@ -88,6 +86,8 @@ pub struct DeliveriesSettings {
 #[serde(deny_unknown_fields)]
 pub struct HttpSettings {
     pub addr: SocketAddr,
+    pub header_read_timeout_ms: u64,
+    pub max_connections: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -98,6 +98,8 @@ pub struct SessionSettings {
     pub socket_send_buffer_bytes: u32,
     pub read_buffer_bytes: usize,
     pub max_client_message_bytes: usize,
+    pub max_sessions: usize,
+    pub max_sessions_per_user: usize,
 }
 
 impl Settings {
@@ -134,7 +136,10 @@ pub async fn run(
             .set("message.timeout.ms", settings.presence.lease_ms.to_string())
             .create()
             .context("creating the Kafka producer")?;
-    let sessions = Sessions::new(settings.sessions.queue_bound);
+    let sessions = Sessions::new(settings.sessions.queue_bound).with_caps(
+        settings.sessions.max_sessions,
+        settings.sessions.max_sessions_per_user,
+    );
     let readiness = Readiness::default();
     let d = &settings.deliveries;
     let spec = ReaderSpec {
@@ -236,9 +241,12 @@ pub async fn run(
         "gateway listening"
     );
     let server_stop = stopped(stop_rx);
+    let limits = chatpipe_core::http::ConnectionLimits {
+        header_read_timeout_ms: settings.http.header_read_timeout_ms,
+        max_connections: settings.http.max_connections,
+    };
     supervisor.spawn_async("http", async move {
-        axum::serve(listener, gateway.router())
-            .with_graceful_shutdown(server_stop)
+        chatpipe_core::http::serve(listener, gateway.router(), limits, server_stop)
             .await
             .context("serving /ws")
     });
@@ -303,11 +311,11 @@ impl Gateway {
     }
 }
 
-/// The user a connection request authenticates as: the `Authorization` header, or a
-/// `bearer.<JWT>` subprotocol.
-fn authenticate(keys: &TokenKeys, headers: &HeaderMap) -> Result<UserId, AuthError> {
+/// Whom a connection request authenticates as, and until when: the `Authorization`
+/// header, or a `bearer.<JWT>` subprotocol.
+fn authenticate(keys: &TokenKeys, headers: &HeaderMap) -> Result<Verified, AuthError> {
     if let Some(value) = headers.get(header::AUTHORIZATION) {
-        return keys.verify_header(value.to_str().ok());
+        return keys.verify_header_until(value.to_str().ok());
     }
     let offered = headers
         .get(header::SEC_WEBSOCKET_PROTOCOL)
@@ -318,37 +326,61 @@ fn authenticate(keys: &TokenKeys, headers: &HeaderMap) -> Result<UserId, AuthErr
         .map(str::trim)
         .find_map(|p| p.strip_prefix(TOKEN_PROTOCOL_PREFIX));
     match token {
-        Some(token) => keys.verify(token),
+        Some(token) => keys.verify_until(token),
         None => Err(AuthError::Missing),
     }
 }
 
+/// Closes a freshly upgraded socket with `code` and `reason` (cut to the 123 bytes a
+/// close frame holds).
+async fn close_at_once(mut socket: WebSocket, code: u16, reason: &str) {
+    let mut end = reason.len().min(123);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    let frame = CloseFrame {
+        code,
+        reason: reason[..end].into(),
+    };
+    let _ = tokio::time::timeout(
+        Duration::from_secs(5),
+        socket.send(Message::Close(Some(frame))),
+    )
+    .await;
+}
+
+/// `GET /ws`. A refused token still gets the upgrade, then a close with 4001 and the
+/// reason: a browser sees nothing of a 401 before the upgrade (only 1006).
 async fn ws(State(gw): State<Gateway>, headers: HeaderMap, upgrade: WebSocketUpgrade) -> Response {
-    let user = match authenticate(&gw.keys, &headers) {
-        Ok(user) => user,
+    let upgrade = upgrade.protocols([SUBPROTOCOL]);
+    let token = match authenticate(&gw.keys, &headers) {
+        Ok(token) => token,
         Err(err) => {
-            let mut response = Problem::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "Unauthorized",
-                err.to_string(),
-            )
-            .into_response();
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, "Bearer".parse().expect("static"));
-            return response;
+            metrics::counter!("gateway_auth_refusals_total").increment(1);
+            let reason = err.to_string();
+            return upgrade.on_upgrade(move |socket| async move {
+                close_at_once(socket, connection::CLOSE_UNAUTHORIZED, &reason).await;
+            });
         }
     };
+    let user = token.user;
+    let expires_in = Duration::from_secs(token.expires_at.saturating_sub(unix_now()));
     upgrade
-        .protocols([SUBPROTOCOL])
         .read_buffer_size(gw.read_buffer_bytes)
         // Frames are written (and flushed) one by one as they leave the queue.
         .write_buffer_size(0)
         .max_message_size(gw.max_client_message_bytes)
         .max_frame_size(gw.max_client_message_bytes)
         .on_upgrade(move |socket| async move {
-            let session = gw.sessions.join(user);
+            let mut session = match gw.sessions.join(user) {
+                Ok(session) => session,
+                Err(full) => {
+                    let reason = format!("{full}; retry");
+                    close_at_once(socket, connection::CLOSE_TRY_AGAIN_LATER, &reason).await;
+                    return;
+                }
+            };
+            session.token_expires = Some(tokio::time::Instant::now() + expires_in);
             let id = session.id;
             let (sink, stream) = socket.split();
             let mut stop = gw.shutdown.clone();

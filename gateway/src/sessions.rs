@@ -19,11 +19,21 @@ pub enum Outbound {
     Frame(Arc<str>, Option<i64>),
     /// Close with this reason: the queue overflowed.
     Overflowed,
+    /// Close: a newer session of the same user took this one's place
+    /// (`sessions.max_sessions_per_user`).
+    Replaced,
 }
+
+/// The gateway holds `sessions.max_sessions` sessions already: a new one is refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("the gateway holds its maximum of {0} sessions")]
+pub struct AtCapacity(pub usize);
 
 #[derive(Debug, Default)]
 struct Inner {
+    /// Each user's sessions, oldest first.
     by_user: HashMap<UserId, Vec<(SessionId, mpsc::Sender<Outbound>)>>,
+    total: usize,
     /// Users whose session count changed since presence last looked.
     changed: HashSet<UserId>,
 }
@@ -34,6 +44,8 @@ pub struct Sessions {
     inner: Arc<Mutex<Inner>>,
     next_id: Arc<AtomicU64>,
     queue_bound: usize,
+    max_sessions: usize,
+    max_per_user: usize,
     changes: Arc<Notify>,
 }
 
@@ -43,6 +55,8 @@ pub struct Session {
     pub id: SessionId,
     pub user: UserId,
     pub outbound: mpsc::Receiver<Outbound>,
+    /// When the token it connected with expires: the connection closes then.
+    pub token_expires: Option<tokio::time::Instant>,
 }
 
 impl Sessions {
@@ -51,24 +65,57 @@ impl Sessions {
             inner: Arc::default(),
             next_id: Arc::default(),
             queue_bound: queue_bound.max(1),
+            max_sessions: usize::MAX,
+            max_per_user: usize::MAX,
             changes: Arc::default(),
         }
     }
 
-    pub fn join(&self, user: UserId) -> Session {
+    /// At most `max_sessions` sessions here (a new one past that is refused) and
+    /// `max_per_user` per user (a new one past that replaces the user's oldest).
+    pub fn with_caps(mut self, max_sessions: usize, max_per_user: usize) -> Self {
+        self.max_sessions = max_sessions.max(1);
+        self.max_per_user = max_per_user.max(1);
+        self
+    }
+
+    /// Registers a session of `user`. A user at `max_per_user` loses their oldest
+    /// session (told [`Outbound::Replaced`], and no longer pushed to); a gateway at
+    /// `max_sessions` refuses.
+    pub fn join(&self, user: UserId) -> Result<Session, AtCapacity> {
+        let mut guard = self.inner.lock().expect("sessions lock");
+        let inner = &mut *guard;
+        let list = inner.by_user.entry(user).or_default();
+        let replaces = list.len() >= self.max_per_user;
+        if !replaces && inner.total >= self.max_sessions {
+            if list.is_empty() {
+                inner.by_user.remove(&user);
+            }
+            metrics::counter!("gateway_sessions_refused_total").increment(1);
+            return Err(AtCapacity(self.max_sessions));
+        }
+        if replaces {
+            let (_, oldest) = list.remove(0);
+            // Its queue may be full (then it is closing for overflow anyway); with its
+            // sender gone it ends once it has drained what is queued.
+            let _ = oldest.try_send(Outbound::Replaced);
+            metrics::counter!("gateway_sessions_replaced_total").increment(1);
+        } else {
+            inner.total += 1;
+            metrics::gauge!("gateway_connections").increment(1.0);
+        }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         // One slot more than the bound for the overflow notice itself.
         let (tx, rx) = mpsc::channel(self.queue_bound + 1);
-        let mut inner = self.inner.lock().expect("sessions lock");
-        inner.by_user.entry(user).or_default().push((id, tx));
+        list.push((id, tx));
         inner.changed.insert(user);
         self.changes.notify_one();
-        metrics::gauge!("gateway_connections").increment(1.0);
-        Session {
+        Ok(Session {
             id,
             user,
             outbound: rx,
-        }
+            token_expires: None,
+        })
     }
 
     pub fn leave(&self, user: UserId, id: SessionId) {
@@ -78,6 +125,7 @@ impl Sessions {
             let before = list.len();
             list.retain(|(sid, _)| *sid != id);
             if list.len() < before {
+                inner.total -= 1;
                 metrics::gauge!("gateway_connections").decrement(1.0);
                 inner.changed.insert(user);
                 self.changes.notify_one();
@@ -167,9 +215,9 @@ mod tests {
     #[tokio::test]
     async fn a_push_reaches_every_session_of_the_user_and_nobody_else() {
         let sessions = Sessions::new(8);
-        let mut phone = sessions.join(UserId::of(10));
-        let mut laptop = sessions.join(UserId::of(10));
-        let mut stranger = sessions.join(UserId::of(99));
+        let mut phone = sessions.join(UserId::of(10)).unwrap();
+        let mut laptop = sessions.join(UserId::of(10)).unwrap();
+        let mut stranger = sessions.join(UserId::of(99)).unwrap();
         assert_eq!(
             sessions.push(&[UserId::of(10)], r#"{"type":"message.new"}"#),
             2
@@ -194,8 +242,8 @@ mod tests {
     #[tokio::test]
     async fn a_full_queue_closes_that_session_only() {
         let sessions = Sessions::new(2);
-        let mut slow = sessions.join(UserId::of(1));
-        let mut fast = sessions.join(UserId::of(2));
+        let mut slow = sessions.join(UserId::of(1)).unwrap();
+        let mut fast = sessions.join(UserId::of(2)).unwrap();
         for i in 0..5 {
             sessions.push(&[UserId::of(1), UserId::of(2)], &format!("{i}"));
             // The fast client keeps up.
@@ -217,9 +265,31 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn past_the_per_user_cap_the_oldest_session_is_replaced_and_past_the_total_cap_a_new_one_is_refused(
+    ) {
+        let sessions = Sessions::new(8).with_caps(3, 2);
+        let mut first = sessions.join(UserId::of(1)).unwrap();
+        let mut second = sessions.join(UserId::of(1)).unwrap();
+        let mut third = sessions.join(UserId::of(1)).unwrap();
+        assert_eq!(first.outbound.recv().await, Some(Outbound::Replaced));
+        assert_eq!(first.outbound.recv().await, None, "and nothing after");
+        assert_eq!(sessions.counts(), vec![(UserId::of(1), 2)]);
+        assert_eq!(sessions.push(&[UserId::of(1)], "x"), 2);
+        assert!(second.outbound.recv().await.is_some());
+        assert!(third.outbound.recv().await.is_some());
+        let other = sessions.join(UserId::of(2)).unwrap();
+        assert_eq!(sessions.join(UserId::of(3)).err(), Some(AtCapacity(3)));
+        // A user at their own cap still replaces, even with the gateway full.
+        assert!(sessions.join(UserId::of(1)).is_ok());
+        assert_eq!(second.outbound.recv().await, Some(Outbound::Replaced));
+        sessions.leave(UserId::of(2), other.id);
+        assert!(sessions.join(UserId::of(3)).is_ok(), "room again");
+    }
+
+    #[tokio::test]
     async fn leaving_unregisters() {
         let sessions = Sessions::new(2);
-        let s = sessions.join(UserId::of(5));
+        let s = sessions.join(UserId::of(5)).unwrap();
         sessions.leave(UserId::of(5), s.id);
         assert!(sessions.online().is_empty());
         assert_eq!(sessions.push(&[UserId::of(5)], "x"), 0);

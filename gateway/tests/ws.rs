@@ -12,8 +12,13 @@ use tokio_tungstenite::tungstenite::Message;
 const SECRET: &str = "gateway-test-secret-gateway-test-secret";
 
 async fn start() -> (String, Sessions, TokenKeys) {
+    start_with(Sessions::new(16)).await
+}
+
+/// A gateway router served as the binary serves it, without Kafka: sessions are pushed
+/// to directly.
+async fn start_with(sessions: Sessions) -> (String, Sessions, TokenKeys) {
     let keys = TokenKeys::new(&SECRET.to_owned().into(), Duration::ZERO).unwrap();
-    let sessions = Sessions::new(16);
     let (_stop, shutdown) = tokio::sync::watch::channel(false);
     let gw = Gateway {
         keys: keys.clone(),
@@ -26,9 +31,13 @@ async fn start() -> (String, Sessions, TokenKeys) {
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let limits = chatpipe_core::http::ConnectionLimits {
+        header_read_timeout_ms: 10_000,
+        max_connections: 1_000,
+    };
     tokio::spawn(async move {
         let _keep = _stop;
-        axum::serve(listener, gw.router()).await
+        chatpipe_core::http::serve(listener, gw.router(), limits, std::future::pending()).await
     });
     (format!("ws://{addr}/ws"), sessions, keys)
 }
@@ -93,8 +102,44 @@ async fn a_browser_authenticates_with_the_bearer_subprotocol() {
     online(&sessions, 20).await;
 }
 
+/// The close a client got: its code and reason, or a panic saying what came instead.
+async fn closed_with(ws: &mut Ws) -> (u16, String) {
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), ws.next()).await {
+            Ok(Some(Ok(Message::Close(Some(frame))))) => {
+                return (frame.code.into(), frame.reason.to_string())
+            }
+            Ok(Some(Ok(Message::Ping(_)))) => continue,
+            other => panic!("expected a close frame, got {other:?}"),
+        }
+    }
+}
+
+type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+async fn connect(url: &str, offer: Option<String>, auth: Option<String>) -> Ws {
+    let mut request = url.into_client_request().unwrap();
+    if let Some(a) = auth {
+        request
+            .headers_mut()
+            .insert("authorization", a.parse().unwrap());
+    }
+    if let Some(o) = offer {
+        request
+            .headers_mut()
+            .insert("sec-websocket-protocol", o.parse().unwrap());
+    }
+    tokio_tungstenite::connect_async(request)
+        .await
+        .expect("upgrade")
+        .0
+}
+
+/// A browser sees nothing of a 401 before the upgrade (only 1006): a refused token gets
+/// the upgrade and a close with 4001 and the reason in the same words as the REST API.
 #[tokio::test]
-async fn missing_expired_and_forged_tokens_are_refused_before_the_upgrade() {
+async fn missing_expired_and_forged_tokens_are_closed_with_4001_and_the_reason() {
     let (url, sessions, keys) = start().await;
     let now = chatpipe_core::auth::unix_now();
     let expired = keys.sign(UserId::new(10).unwrap(), now - 7200, now - 3600);
@@ -104,23 +149,90 @@ async fn missing_expired_and_forged_tokens_are_refused_before_the_upgrade() {
     )
     .unwrap()
     .issue(UserId::new(10).unwrap(), Duration::from_secs(60));
-    for auth in [
-        None,
-        Some(format!("Bearer {expired}")),
-        Some(format!("Bearer {forged}")),
-    ] {
-        let mut request = url.clone().into_client_request().unwrap();
-        if let Some(a) = &auth {
-            request
-                .headers_mut()
-                .insert("authorization", a.parse().unwrap());
-        }
-        match tokio_tungstenite::connect_async(request).await {
-            Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
-                assert_eq!(response.status(), 401, "{auth:?}")
-            }
-            other => panic!("expected 401 for {auth:?}, got {other:?}"),
-        }
+    let cases = [
+        (None, None, "missing Authorization header"),
+        (
+            None,
+            Some(format!("Bearer {expired}")),
+            "the token has expired",
+        ),
+        (
+            None,
+            Some(format!("Bearer {forged}")),
+            "the token's signature does not match",
+        ),
+        (
+            Some(format!("chatpipe, bearer.{forged}")),
+            None,
+            "the token's signature does not match",
+        ),
+    ];
+    for (offer, auth, reason) in cases {
+        let mut ws = connect(&url, offer, auth).await;
+        assert_eq!(
+            closed_with(&mut ws).await,
+            (4001, reason.to_owned()),
+            "for {reason}"
+        );
     }
     assert!(sessions.online().is_empty());
+}
+
+#[tokio::test]
+async fn a_session_is_closed_with_4002_when_its_token_expires_and_a_new_token_reconnects() {
+    let (url, sessions, keys) = start().await;
+    let now = chatpipe_core::auth::unix_now();
+    let user = UserId::new(30).unwrap();
+    let short = keys.sign(user, now, now + 2);
+    let mut ws = connect(&url, None, Some(format!("Bearer {short}"))).await;
+    online(&sessions, 30).await;
+    let started = std::time::Instant::now();
+    let (code, reason) = closed_with(&mut ws).await;
+    assert_eq!(code, 4002, "{reason}");
+    assert!(
+        started.elapsed() <= Duration::from_secs(4),
+        "closed {:?} after connecting with 2 s left",
+        started.elapsed()
+    );
+    let mut again = connect(&url, None, Some(format!("Bearer {}", token(&keys, 30)))).await;
+    online(&sessions, 30).await;
+    assert_eq!(sessions.push(&[user], r#"{"type":"x"}"#), 1);
+    let frame = tokio::time::timeout(Duration::from_secs(5), again.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(frame, Message::text(r#"{"type":"x"}"#));
+}
+
+#[tokio::test]
+async fn past_the_per_user_cap_the_oldest_session_closes_with_4008_and_past_the_total_the_newest_gets_1013(
+) {
+    let (url, sessions, keys) = start_with(Sessions::new(16).with_caps(3, 2)).await;
+    let bearer = |user| Some(format!("Bearer {}", token(&keys, user)));
+    let mut oldest = connect(&url, None, bearer(1)).await;
+    online(&sessions, 1).await;
+    let _second = connect(&url, None, bearer(1)).await;
+    let count = |user: i64| {
+        sessions
+            .counts()
+            .into_iter()
+            .find(|(u, _)| *u == UserId::of(user))
+            .map_or(0, |(_, n)| n)
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while count(1) < 2 {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let _third = connect(&url, None, bearer(1)).await;
+    assert_eq!(closed_with(&mut oldest).await.0, 4008);
+    assert_eq!(count(1), 2);
+
+    let _other = connect(&url, None, bearer(2)).await;
+    online(&sessions, 2).await;
+    let mut refused = connect(&url, None, bearer(3)).await;
+    let (code, reason) = closed_with(&mut refused).await;
+    assert_eq!(code, 1013, "{reason}");
+    assert!(!sessions.online().contains(&UserId::of(3)));
 }

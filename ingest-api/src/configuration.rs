@@ -67,6 +67,8 @@ pub struct HttpSettings {
     pub request_timeout_ms: u64,
     pub max_request_bytes: usize,
     pub shutdown_grace_ms: u64,
+    pub header_read_timeout_ms: u64,
+    pub max_connections: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -111,5 +113,12 @@ impl Settings {
 impl HttpSettings {
     pub fn request_timeout(&self) -> Duration {
         Duration::from_millis(self.request_timeout_ms)
+    }
+
+    pub fn connection_limits(&self) -> chatpipe_core::http::ConnectionLimits {
+        chatpipe_core::http::ConnectionLimits {
+            header_read_timeout_ms: self.header_read_timeout_ms,
+            max_connections: self.max_connections,
+        }
     }
 }

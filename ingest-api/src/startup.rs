@@ -32,6 +32,7 @@ pub struct Application {
     pool: PgPool,
     sends: SendQueue,
     shutdown_grace: Duration,
+    connection_limits: chatpipe_core::http::ConnectionLimits,
 }
 
 impl Application {
@@ -93,6 +94,7 @@ impl Application {
             pool,
             sends,
             shutdown_grace: Duration::from_millis(settings.http.shutdown_grace_ms),
+            connection_limits: settings.http.connection_limits(),
         })
     }
 
@@ -127,7 +129,8 @@ impl Application {
             );
             let _ = stop_tx.send(true);
         };
-        let server = axum::serve(self.listener, self.router).with_graceful_shutdown(signal);
+        let server =
+            chatpipe_core::http::serve(self.listener, self.router, self.connection_limits, signal);
         let mut stopped = stop_rx.clone();
         let deadline = async move {
             let _ = stopped.wait_for(|s| *s).await;

@@ -1,12 +1,14 @@
-//! Per-user rate limits ([rate_limits]): over its bucket a request answers 429 with
-//! Retry-After and a problem body, is counted, and changes nothing; other users and other
-//! kinds of request are not affected.
+//! What a public listener must hold against: per-user rate limits ([rate_limits]) over
+//! which a request answers 429 with Retry-After and changes nothing; sockets that never
+//! finish their headers or sit idle (http.header_read_timeout_ms); and more connections
+//! than http.max_connections.
 
 use std::time::{Duration, Instant};
 
-use chatpipe_tests::{metric_sum, spawn_app_with, Resp};
+use chatpipe_tests::{metric_sum, slow_header_sockets, spawn_app_with, until_closed, Resp};
 use ingest_api::rate::Bucket;
 use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The Retry-After of a 429, in seconds, after checking the problem body.
 #[track_caller]
@@ -122,4 +124,100 @@ async fn creations_sends_and_member_changes_over_their_bucket_answer_429_with_re
         .unwrap_or(0.0);
         assert!(counted >= at_least, "{kind}: {counted}");
     }
+}
+
+/// A client that opens a new connection for every request: the pool's idle connections
+/// would otherwise meet the header-read timeout these tests set low.
+fn unpooled() -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn sockets_that_never_finish_their_headers_or_sit_idle_are_closed_while_others_are_served() {
+    let app = spawn_app_with(|s| s.http.header_read_timeout_ms = 1_000).await;
+    let addr = app.base.trim_start_matches("http://").to_owned();
+    let timeouts_before =
+        metric_sum(&app.metrics().await, "http_connection_timeouts_total", &[]).unwrap_or(0.0);
+    let slow = slow_header_sockets(&addr, 200).await;
+    // Meanwhile, a normal client is served.
+    let http = unpooled();
+    for _ in 0..20 {
+        let res = http
+            .get(format!("{}/inbox", app.base))
+            .bearer_auth(app.token(10))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+    }
+    until_closed(slow, Duration::from_secs(10)).await;
+
+    // A keep-alive connection that answered a request and then sat idle is closed too.
+    let mut idle = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 256];
+    let n = idle.read(&mut buf).await.unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+    until_closed(vec![idle], Duration::from_secs(10)).await;
+
+    let timeouts = metric_sum(&app.metrics().await, "http_connection_timeouts_total", &[])
+        .unwrap_or(0.0)
+        - timeouts_before;
+    assert!(timeouts >= 201.0, "counted {timeouts} timeouts");
+}
+
+#[tokio::test]
+async fn a_connection_over_the_cap_is_answered_503_with_retry_after_and_closed() {
+    let app = spawn_app_with(|s| {
+        s.http.max_connections = 3;
+        s.http.header_read_timeout_ms = 2_000;
+    })
+    .await;
+    let addr = app.base.trim_start_matches("http://").to_owned();
+    let holders = slow_header_sockets(&addr, 3).await;
+    // The accept loop takes them in order: once they are in, the fourth is refused.
+    let http = unpooled();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let refused = loop {
+        let res = http
+            .get(format!("{}/inbox", app.base))
+            .bearer_auth(app.token(10))
+            .send()
+            .await
+            .unwrap();
+        if res.status() == 503 {
+            break res;
+        }
+        assert!(Instant::now() < deadline, "never refused: {}", res.status());
+    };
+    assert_eq!(refused.headers()["retry-after"], "1");
+    assert_eq!(
+        refused.headers()["content-type"],
+        "application/problem+json"
+    );
+    let problem: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(problem["type"], "/problems/unavailable");
+    // When the slow sockets have been closed, there is room again.
+    until_closed(holders, Duration::from_secs(10)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let res = http
+            .get(format!("{}/inbox", app.base))
+            .bearer_auth(app.token(10))
+            .send()
+            .await
+            .unwrap();
+        if res.status() == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still refused: {}", res.status());
+    }
+    let refusals = metric_sum(&app.metrics().await, "http_connections_refused_total", &[]);
+    assert!(refusals.unwrap_or(0.0) >= 1.0);
 }

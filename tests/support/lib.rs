@@ -454,3 +454,49 @@ impl Client<'_> {
         .expect(200)
     }
 }
+
+/// Opens `n` sockets to `addr` (`host:port`) that send the start of a request's headers
+/// and then nothing: slowloris.
+pub async fn slow_header_sockets(addr: &str, n: usize) -> Vec<tokio::net::TcpStream> {
+    use tokio::io::AsyncWriteExt;
+    let mut sockets = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut s = tokio::net::TcpStream::connect(addr)
+            .await
+            .unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            .await
+            .expect("half a request");
+        sockets.push(s);
+    }
+    sockets
+}
+
+/// Waits until the server has closed every one of `sockets` (a read gives EOF or an
+/// error); fails at the deadline saying how many are still open.
+pub async fn until_closed(sockets: Vec<tokio::net::TcpStream>, deadline: Duration) {
+    use tokio::io::AsyncReadExt;
+    let until = tokio::time::Instant::now() + deadline;
+    let total = sockets.len();
+    let waits = sockets.into_iter().map(|mut s| async move {
+        let mut buf = [0u8; 512];
+        loop {
+            match tokio::time::timeout_at(until, s.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return true,
+                Ok(Ok(_)) => continue,
+                Err(_) => return false,
+            }
+        }
+    });
+    let closed = futures::future::join_all(waits)
+        .await
+        .into_iter()
+        .filter(|c| *c)
+        .count();
+    assert_eq!(
+        closed,
+        total,
+        "{} of {total} sockets still open after {deadline:?}",
+        total - closed
+    );
+}
