@@ -3,4 +3,5 @@
 
 mod audit;
 mod cdc;
+mod membership_race;
 mod receipts;

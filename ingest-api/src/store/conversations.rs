@@ -165,23 +165,34 @@ struct Locked {
     member_count: i32,
 }
 
+/// Two statements on purpose. A statement reads with the snapshot it started with, and a
+/// row lock it waited for does not refresh that snapshot for other tables: with the
+/// membership test in the locking statement, a caller removed by the transaction that
+/// held the lock still looked like a member, and their change committed after their
+/// `member.left`. Asked after the lock is granted, the membership is as of now.
 async fn lock_as_member(
     conn: &mut PgConnection,
     conversation: ConversationId,
     caller: UserId,
 ) -> Result<Locked, StoreError> {
-    sqlx::query_as(
+    let locked: Option<Locked> = sqlx::query_as(
         "SELECT c.type, c.created_by, c.last_seq, c.member_count
-           FROM conversation c
-          WHERE c.id = $1
-            AND EXISTS (SELECT 1 FROM conversation_member m WHERE m.conversation_id = c.id AND m.user_id = $2)
-            FOR UPDATE",
+           FROM conversation c WHERE c.id = $1 FOR UPDATE",
+    )
+    .bind(conversation.get())
+    .fetch_optional(&mut *conn)
+    .await?;
+    let member: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM conversation_member
+                         WHERE conversation_id = $1 AND user_id = $2)",
     )
     .bind(conversation.get())
     .bind(caller.get())
-    .fetch_optional(conn)
-    .await?
-    .ok_or_else(StoreError::conversation_not_found)
+    .fetch_one(conn)
+    .await?;
+    locked
+        .filter(|_| member)
+        .ok_or_else(StoreError::conversation_not_found)
 }
 
 /// The same for a membership change: only GROUPs have one; a DIRECT conversation keeps
