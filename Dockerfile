@@ -9,4 +9,7 @@ RUN cargo build --release --locked -p ingest-api -p pipeline -p gateway
 FROM debian:bookworm-slim
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/target/release/ingest-api /src/target/release/pipeline /src/target/release/gateway /usr/local/bin/
+# The services need no privilege: no port below 1024, nothing written outside /tmp.
+RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin chatpipe
+USER 10001:10001
 ENTRYPOINT ["ingest-api"]

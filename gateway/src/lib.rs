@@ -35,6 +35,7 @@ pub use sessions::Sessions;
 const DEFAULTS: &str = include_str!("../../config/gateway.toml");
 const ALIASES: &[(&str, &str)] = &[
     ("GATEWAY_ADDR", "http.addr"),
+    ("GATEWAY_ADMIN_ADDR", "admin.addr"),
     ("GATEWAY_ID", "gateway.id"),
     ("JWT_SECRET", "auth.jwt_secret"),
     ("KAFKA_BROKERS", "kafka.brokers"),
@@ -50,6 +51,7 @@ const TOKEN_PROTOCOL_PREFIX: &str = "bearer.";
 #[serde(deny_unknown_fields)]
 pub struct Settings {
     pub http: HttpSettings,
+    pub admin: AdminSettings,
     pub gateway: GatewaySettings,
     pub auth: AuthSettings,
     pub sessions: SessionSettings,
@@ -90,6 +92,13 @@ pub struct HttpSettings {
     pub max_connections: usize,
 }
 
+/// `[admin]`: the operators' listener (`/metrics`, `/readyz` with each reader's state).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminSettings {
+    pub addr: SocketAddr,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SessionSettings {
@@ -117,6 +126,7 @@ impl Settings {
 pub async fn run(
     settings: Settings,
     listener: tokio::net::TcpListener,
+    admin: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let keys = settings.auth.token_keys()?;
@@ -240,6 +250,18 @@ pub async fn run(
         partition = settings.deliveries.partition,
         "gateway listening"
     );
+    let admin_stop = stopped(stop_rx.clone());
+    let admin_router = pipeline::runtime::http::router(gateway.readiness.clone());
+    let admin_limits = chatpipe_core::http::ConnectionLimits {
+        header_read_timeout_ms: settings.http.header_read_timeout_ms,
+        max_connections: 64,
+    };
+    tokio::spawn(chatpipe_core::http::serve(
+        admin,
+        admin_router,
+        admin_limits,
+        admin_stop,
+    ));
     let server_stop = stopped(stop_rx);
     let limits = chatpipe_core::http::ConnectionLimits {
         header_read_timeout_ms: settings.http.header_read_timeout_ms,
@@ -268,6 +290,13 @@ pub fn listener(settings: &Settings) -> std::io::Result<tokio::net::TcpListener>
     socket.set_send_buffer_size(settings.sessions.socket_send_buffer_bytes)?;
     socket.bind(addr)?;
     socket.listen(1024)
+}
+
+/// The admin listener, on `admin.addr`.
+pub async fn admin_listener(settings: &Settings) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(settings.admin.addr)
+        .await
+        .with_context(|| format!("binding {} (admin.addr)", settings.admin.addr))
 }
 
 /// The configured partition must exist: a gateway reading nothing would look healthy.
@@ -301,13 +330,29 @@ pub struct Gateway {
 }
 
 impl Gateway {
+    /// The public routes: `/ws`, `/healthz`, and `/readyz` saying only ready (200) or
+    /// stalled (503). Which reader stalled and the metrics are on the admin listener.
     pub fn router(self) -> Router {
-        // /healthz, /readyz (503 while the deliveries reader is stalled), /metrics.
-        let health = pipeline::runtime::http::router(self.readiness.clone());
+        let readiness = self.readiness.clone();
         Router::new()
             .route("/ws", get(ws))
             .with_state(self)
-            .merge(health)
+            .route(
+                "/healthz",
+                get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
+            )
+            .route(
+                "/readyz",
+                get(move || {
+                    let stalled = readiness.report().iter().any(|r| r.stalled);
+                    let (status, word) = if stalled {
+                        (axum::http::StatusCode::SERVICE_UNAVAILABLE, "stalled")
+                    } else {
+                        (axum::http::StatusCode::OK, "ready")
+                    };
+                    std::future::ready((status, axum::Json(serde_json::json!({"status": word}))))
+                }),
+            )
     }
 }
 

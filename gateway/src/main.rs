@@ -44,8 +44,9 @@ async fn main() -> anyhow::Result<()> {
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => {
             let listener = gateway::listener(&settings)
-                .with_context(|| format!("binding {}", settings.http.addr))?;
-            gateway::run(settings, listener, shutdown_signal()).await
+                .with_context(|| format!("binding {} (http.addr)", settings.http.addr))?;
+            let admin = gateway::admin_listener(&settings).await?;
+            gateway::run(settings, listener, admin, shutdown_signal()).await
         }
         Command::Watch {
             user,

@@ -19,6 +19,7 @@ const ALIASES: &[(&str, &str)] = &[
     ("DATABASE_URL", "database.url"),
     ("JWT_SECRET", "auth.jwt_secret"),
     ("INGEST_ADDR", "http.addr"),
+    ("INGEST_ADMIN_ADDR", "admin.addr"),
     ("SCHEMA_REGISTRY_URL", "registry.url"),
     ("KAFKA_BROKERS", "kafka.brokers"),
 ];
@@ -27,6 +28,7 @@ const ALIASES: &[(&str, &str)] = &[
 #[serde(deny_unknown_fields)]
 pub struct Settings {
     pub http: HttpSettings,
+    pub admin: AdminSettings,
     pub database: DatabaseSettings,
     pub auth: AuthSettings,
     pub limits: Limits,
@@ -69,6 +71,13 @@ pub struct HttpSettings {
     pub shutdown_grace_ms: u64,
     pub header_read_timeout_ms: u64,
     pub max_connections: usize,
+}
+
+/// `[admin]`: the operators' listener (`/metrics`, `/readyz` with the cause).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminSettings {
+    pub addr: SocketAddr,
 }
 
 #[derive(Debug, Clone, Deserialize)]

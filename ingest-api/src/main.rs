@@ -41,7 +41,7 @@ async fn main() -> anyhow::Result<()> {
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => {
             let app = Application::build(settings).await?;
-            tracing::info!(addr = %app.local_addr(), "ingest-api listening");
+            tracing::info!(addr = %app.local_addr(), admin = %app.admin_addr(), "ingest-api listening");
             app.run_until_stopped(startup::shutdown_signal()).await?;
         }
         Command::Migrate => {

@@ -29,6 +29,8 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 pub struct Application {
     listener: TcpListener,
     router: Router,
+    admin_listener: TcpListener,
+    admin_router: Router,
     pool: PgPool,
     sends: SendQueue,
     shutdown_grace: Duration,
@@ -84,13 +86,19 @@ impl Application {
             receipts,
             rate,
         };
+        let admin_router = routes::admin_router(state.clone());
         let router = routes::router(state, settings.http.request_timeout());
         let listener = TcpListener::bind(settings.http.addr)
             .await
-            .with_context(|| format!("binding {}", settings.http.addr))?;
+            .with_context(|| format!("binding {} (http.addr)", settings.http.addr))?;
+        let admin_listener = TcpListener::bind(settings.admin.addr)
+            .await
+            .with_context(|| format!("binding {} (admin.addr)", settings.admin.addr))?;
         Ok(Self {
             listener,
             router,
+            admin_listener,
+            admin_router,
             pool,
             sends,
             shutdown_grace: Duration::from_millis(settings.http.shutdown_grace_ms),
@@ -100,6 +108,13 @@ impl Application {
 
     pub fn local_addr(&self) -> SocketAddr {
         self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    /// The admin listener's address (`/metrics`, detailed `/readyz`).
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_listener
             .local_addr()
             .expect("a bound listener has an address")
     }
@@ -131,6 +146,17 @@ impl Application {
         };
         let server =
             chatpipe_core::http::serve(self.listener, self.router, self.connection_limits, signal);
+        // The admin listener lives as long as the process; a few connections suffice.
+        let admin_limits = chatpipe_core::http::ConnectionLimits {
+            header_read_timeout_ms: self.connection_limits.header_read_timeout_ms,
+            max_connections: 64,
+        };
+        tokio::spawn(chatpipe_core::http::serve(
+            self.admin_listener,
+            self.admin_router,
+            admin_limits,
+            std::future::pending(),
+        ));
         let mut stopped = stop_rx.clone();
         let deadline = async move {
             let _ = stopped.wait_for(|s| *s).await;

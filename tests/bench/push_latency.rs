@@ -46,7 +46,7 @@ struct Args {
     #[arg(long, default_value = "ws://127.0.0.1:8090/ws")]
     gateway: String,
     /// The gateway's /metrics (connection count).
-    #[arg(long, default_value = "http://127.0.0.1:8090/metrics")]
+    #[arg(long, default_value = "http://127.0.0.1:9091/metrics")]
     gateway_metrics: String,
     /// The fanout processor's /metrics (how many users it sees online).
     #[arg(long, default_value = "http://127.0.0.1:9102/metrics")]

@@ -7,11 +7,22 @@ fn sample(text: &str, name: &str, labels: &[&str]) -> f64 {
 }
 
 #[tokio::test]
-async fn health_readiness_and_metrics_answer_without_a_token() {
+async fn health_and_readiness_answer_without_a_token_and_metrics_only_on_the_admin_listener() {
     let app = spawn_app_with(|s| s.database.max_connections = 7).await;
     let anon = app.with_auth(None);
     assert_eq!(anon.get("/healthz").await.expect(200)["status"], "ok");
     assert_eq!(anon.get("/readyz").await.expect(200)["status"], "ready");
+    anon.get("/metrics").await.problem(404);
+    let admin_ready: serde_json::Value = app
+        .http
+        .get(format!("{}/readyz", app.admin))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(admin_ready["status"], "ready");
 
     let conv = app.user(10).create_group(&[20]).await;
     // Other tests in this process count too: compare before and after this one's send.
@@ -79,6 +90,22 @@ async fn readiness_fails_when_the_database_is_gone() {
         .unwrap();
     let problem = app.with_auth(None).get("/readyz").await.problem(503);
     assert_eq!(problem["type"], "/problems/not-ready");
+    assert_eq!(
+        problem["detail"], "the database is not answering",
+        "the public listener does not tell the database's error"
+    );
+    // The admin listener says why.
+    let res = app
+        .http
+        .get(format!("{}/readyz", app.admin))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 503);
+    let detailed: serde_json::Value = res.json().await.unwrap();
+    let detail = detailed["detail"].as_str().unwrap();
+    assert!(detail.starts_with("database"), "{detail}");
+    assert_ne!(detail, "the database is not answering");
 }
 
 /// Invariant 3, the durable ack: every connection of the API's pool commits with

@@ -21,6 +21,7 @@ fn spawn_gateway(p: &Pipeline, addr: &str) -> Child {
     let s = p.gateway_settings("proc", 1);
     Command::new(gateway_bin())
         .env("GATEWAY_ADDR", addr)
+        .env("GATEWAY_ADMIN_ADDR", "127.0.0.1:0")
         .env("GATEWAY_ID", &s.gateway.id)
         .env("JWT_SECRET", JWT_SECRET)
         .env("KAFKA_BROKERS", brokers())

@@ -32,7 +32,7 @@ async fn sockets_that_never_finish_their_upgrade_are_closed_while_clients_connec
         .await;
 
     until_closed(slow, Duration::from_secs(10)).await;
-    let metrics = reqwest::get(format!("{}/metrics", gw.http_base()))
+    let metrics = reqwest::get(format!("{}/metrics", gw.admin))
         .await
         .unwrap()
         .text()

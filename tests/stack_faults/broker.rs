@@ -169,11 +169,11 @@ async fn broker_fault(fault: Fault) {
         }
         if resumed.elapsed() >= RECOVERY {
             // Say which part of the push path did not come back.
-            let gateway = reqwest::get(format!("{}/readyz", gw.http_base()))
+            let gateway = reqwest::get(format!("{}/readyz", gw.admin))
                 .await
                 .map(|r| r.status().to_string())
                 .unwrap_or_else(|e| e.to_string());
-            let gateway_body = match reqwest::get(format!("{}/readyz", gw.http_base())).await {
+            let gateway_body = match reqwest::get(format!("{}/readyz", gw.admin)).await {
                 Ok(r) => r.text().await.unwrap_or_default(),
                 Err(e) => e.to_string(),
             };

@@ -114,9 +114,7 @@ async fn a_registry_outage_is_waited_out_nothing_dead_lettered_nothing_lost() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let ready = reqwest::get(format!("{}/readyz", gw.http_base()))
-        .await
-        .unwrap();
+    let ready = reqwest::get(format!("{}/readyz", gw.admin)).await.unwrap();
     assert_eq!(
         ready.status(),
         200,

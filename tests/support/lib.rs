@@ -133,6 +133,8 @@ pub async fn fresh_database() -> String {
 
 pub struct TestApp {
     pub base: String,
+    /// `http://host:port` of its admin listener (`/metrics`, detailed `/readyz`).
+    pub admin: String,
     pub pool: PgPool,
     pub http: reqwest::Client,
     pub keys: TokenKeys,
@@ -163,6 +165,7 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     let url = fresh_database().await;
     let mut settings = Settings::defaults_with_secret(JWT_SECRET);
     settings.http.addr = "127.0.0.1:0".parse().unwrap();
+    settings.admin.addr = "127.0.0.1:0".parse().unwrap();
     settings.database.url = SecretString::from(url.clone());
     settings.database.max_connections = 20;
     // Correctness tests send dozens of requests at once into one row lock while the
@@ -192,6 +195,7 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
         .await
         .expect("ingest-api starts");
     let base = format!("http://{}", app.local_addr());
+    let admin = format!("http://{}", app.admin_addr());
     let sends = app.sends();
     tokio::spawn(app.run_until_stopped(std::future::pending()));
     let pool = PgPoolOptions::new()
@@ -202,6 +206,7 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     let keys = TokenKeys::new(&SecretString::from(JWT_SECRET), Duration::ZERO).unwrap();
     TestApp {
         base,
+        admin,
         pool,
         // Far above the app's own request timeout: a request that hangs fails the test
         // with its URL instead of hanging it.
@@ -308,7 +313,7 @@ impl TestApp {
     /// readings before and after, not absolute values.
     pub async fn metrics(&self) -> String {
         self.http
-            .get(format!("{}/metrics", self.base))
+            .get(format!("{}/metrics", self.admin))
             .send()
             .await
             .expect("GET /metrics")

@@ -62,6 +62,7 @@ impl Pipeline {
     pub fn gateway_settings(&self, id: &str, partition: i32) -> gateway::Settings {
         let mut s = gateway::Settings::load(None).expect("gateway defaults");
         s.http.addr = "127.0.0.1:0".parse().unwrap();
+        s.admin.addr = "127.0.0.1:0".parse().unwrap();
         s.gateway.id = format!("{}-{id}", self.ns);
         s.auth.jwt_secret = Some(JWT_SECRET.to_owned().into());
         s.kafka.brokers = brokers();
@@ -77,13 +78,16 @@ impl Pipeline {
     /// Runs a gateway in this process on a free port.
     pub async fn start_gateway(&self, settings: gateway::Settings) -> RunningGateway {
         let listener = gateway::listener(&settings).expect("binding the gateway");
+        let admin = gateway::admin_listener(&settings).await.unwrap();
         let addr = listener.local_addr().unwrap();
+        let admin_addr = admin.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(gateway::run(settings, listener, async move {
+        let task = tokio::spawn(gateway::run(settings, listener, admin, async move {
             let _ = stopped.await;
         }));
         RunningGateway {
             url: format!("ws://{addr}/ws"),
+            admin: format!("http://{admin_addr}"),
             stop: Some(stop),
             task,
         }
@@ -234,19 +238,13 @@ impl Drop for FanoutProcessor {
 /// A gateway on a task of this test.
 pub struct RunningGateway {
     pub url: String,
+    /// `http://host:port` of its admin listener: `/metrics`, `/readyz` with each reader.
+    pub admin: String,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
 
 impl RunningGateway {
-    /// `http://host:port` of its `/healthz`, `/readyz` and `/metrics`.
-    pub fn http_base(&self) -> String {
-        self.url
-            .replacen("ws://", "http://", 1)
-            .trim_end_matches("/ws")
-            .to_owned()
-    }
-
     /// Stops it as SIGTERM would, and waits until it has (an error after 30 s: its own
     /// shutdown is bounded well below that).
     pub async fn stop(mut self) -> anyhow::Result<()> {

@@ -12,14 +12,34 @@ pub async fn healthz() -> impl IntoResponse {
     axum::Json(serde_json::json!({ "status": "ok" }))
 }
 
-/// `GET /readyz`: the database answers within a second.
+/// `GET /readyz` on the public listener: the database answers within a second. Why it
+/// does not is for operators (the admin listener's `/readyz`), not for the internet.
 pub async fn readyz(State(state): State<AppState>) -> axum::response::Response {
+    match probe(&state).await {
+        Ok(()) => ready(),
+        Err(_) => not_ready("the database is not answering".into()),
+    }
+}
+
+/// `GET /readyz` on the admin listener, with the cause.
+pub async fn readyz_detailed(State(state): State<AppState>) -> axum::response::Response {
+    match probe(&state).await {
+        Ok(()) => ready(),
+        Err(cause) => not_ready(cause),
+    }
+}
+
+async fn probe(state: &AppState) -> Result<(), String> {
     let probe = sqlx::query_scalar::<_, i32>("SELECT 1").fetch_one(&state.store.pool);
     match tokio::time::timeout(Duration::from_secs(1), probe).await {
-        Ok(Ok(_)) => axum::Json(serde_json::json!({ "status": "ready" })).into_response(),
-        Ok(Err(err)) => not_ready(format!("database: {err}")),
-        Err(_) => not_ready("database did not answer within 1 s".into()),
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(err)) => Err(format!("database: {err}")),
+        Err(_) => Err("database did not answer within 1 s".into()),
     }
+}
+
+fn ready() -> axum::response::Response {
+    axum::Json(serde_json::json!({ "status": "ready" })).into_response()
 }
 
 fn not_ready(detail: String) -> axum::response::Response {

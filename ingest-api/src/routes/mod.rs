@@ -56,11 +56,21 @@ pub fn router(state: AppState, request_timeout: Duration) -> Router {
         .merge(api)
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
-        .route("/metrics", get(health::metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_request_bytes))
         .layer(middleware::from_fn(observe))
+        .with_state(state)
+}
+
+/// The operators' routes, for the admin listener: `/metrics`, `/readyz` saying why it is
+/// not ready, `/healthz`.
+pub fn admin_router(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz_detailed))
+        .route("/metrics", get(health::metrics))
+        .fallback(not_found)
         .with_state(state)
 }
 

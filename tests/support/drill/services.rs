@@ -72,7 +72,8 @@ pub const FANOUT: [&str; 2] = ["fanout-1", "fanout-2"];
 pub const GATEWAYS: [&str; 2] = ["gateway-1", "gateway-2"];
 pub const AUDIT: &str = "audit";
 
-/// The drill's ports: ingest-api 818x, gateways 819x, processors 91xx, the auditor 9133.
+/// The drill's ports: ingest-api 818x (admin 828x), gateways 819x (admin 829x),
+/// processors 91xx, the auditor 9133.
 pub fn ingest_url(i: usize) -> String {
     format!("http://127.0.0.1:{}", 8181 + i)
 }
@@ -95,6 +96,10 @@ pub fn specs(bins: &Bins, env: &Env) -> Vec<Spec> {
         e.push((
             "INGEST_ADDR".into(),
             base.trim_start_matches("http://").into(),
+        ));
+        e.push((
+            "INGEST_ADMIN_ADDR".into(),
+            format!("127.0.0.1:{}", 8281 + i),
         ));
         specs.push(Spec {
             name: (*name).into(),
@@ -124,6 +129,10 @@ pub fn specs(bins: &Bins, env: &Env) -> Vec<Spec> {
         let addr = format!("127.0.0.1:{}", 8191 + i);
         let mut e = env.common();
         e.push(("GATEWAY_ADDR".into(), addr.clone()));
+        e.push((
+            "GATEWAY_ADMIN_ADDR".into(),
+            format!("127.0.0.1:{}", 8291 + i),
+        ));
         e.push(("GATEWAY_ID".into(), format!("drill-gw-{i}")));
         e.push(("CHATPIPE_DELIVERIES__PARTITION".into(), i.to_string()));
         specs.push(Spec {
