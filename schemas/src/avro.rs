@@ -11,7 +11,10 @@ use apache_avro::Schema;
 use chrono::{DateTime, Utc};
 use schema_registry_converter::schema_registry_common::get_payload;
 
-use crate::{ChatEvent, ConversationCreated, MemberJoined, MemberLeft, MessageNew, ReadUpdated};
+use crate::{
+    ChatEvent, ConversationCreated, MemberJoined, MemberLeft, MemberRoleChanged, MessageNew,
+    ReadUpdated, Role,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CodecError {
@@ -96,6 +99,7 @@ const READ_UPDATED: u32 = 1;
 const CONVERSATION_CREATED: u32 = 2;
 const MEMBER_JOINED: u32 = 3;
 const MEMBER_LEFT: u32 = 4;
+const MEMBER_ROLE_CHANGED: u32 = 5;
 
 impl EventCodec {
     pub fn new(schema_id: u32) -> Self {
@@ -256,6 +260,7 @@ pub fn to_value(event: &ChatEvent) -> Value {
                 ("userId", long(e.user_id)),
                 ("lastReadSeq", long(e.last_read_seq)),
                 ("addedBy", long(e.added_by)),
+                ("role", Value::String(e.role.as_str().into())),
             ]),
         ),
         ChatEvent::MemberLeft(e) => (
@@ -264,6 +269,15 @@ pub fn to_value(event: &ChatEvent) -> Value {
             record(vec![
                 ("userId", long(e.user_id)),
                 ("removedBy", long(e.removed_by)),
+            ]),
+        ),
+        ChatEvent::MemberRoleChanged(e) => (
+            &e.occurred_at,
+            MEMBER_ROLE_CHANGED,
+            record(vec![
+                ("userId", long(e.user_id)),
+                ("role", Value::String(e.role.as_str().into())),
+                ("changedBy", long(e.changed_by)),
             ]),
         ),
     };
@@ -295,6 +309,11 @@ impl Fields {
             .position(|(k, _)| k == name)
             .ok_or_else(|| CodecError::Shape(format!("missing field {name}")))?;
         Ok(self.0.swap_remove(i).1)
+    }
+
+    /// Whether the record has this field (an older writer's may not).
+    pub(crate) fn has(&self, name: &str) -> bool {
+        self.0.iter().any(|(k, _)| k == name)
     }
 
     pub(crate) fn long(&mut self, name: &str) -> Result<i64, CodecError> {
@@ -498,12 +517,24 @@ pub fn from_value(value: Value) -> Result<ChatEvent, CodecError> {
             user_id: p.id("userId")?,
             last_read_seq: p.id("lastReadSeq")?,
             added_by: p.id("addedBy")?,
+            // Written before roles existed: a member.
+            role: match p.opt_string("role")? {
+                Some(role) => role.parse().map_err(CodecError::Shape)?,
+                None => Role::Member,
+            },
             occurred_at,
         }),
         "member.left" => ChatEvent::MemberLeft(MemberLeft {
             conversation_id,
             user_id: p.id("userId")?,
             removed_by: p.id("removedBy")?,
+            occurred_at,
+        }),
+        "member.role_changed" => ChatEvent::MemberRoleChanged(MemberRoleChanged {
+            conversation_id,
+            user_id: p.id("userId")?,
+            role: p.string("role")?.parse().map_err(CodecError::Shape)?,
+            changed_by: p.id("changedBy")?,
             occurred_at,
         }),
         other => return Err(CodecError::Shape(format!("unknown event type {other:?}"))),
@@ -554,6 +585,22 @@ mod tests {
                 user_id: UserId::of(30),
                 last_read_seq: Watermark::of(42),
                 added_by: UserId::of(10),
+                role: Role::Member,
+                occurred_at: at(),
+            }),
+            ChatEvent::MemberJoined(MemberJoined {
+                conversation_id: ConversationId::of(7),
+                user_id: UserId::of(10),
+                last_read_seq: Watermark::of(0),
+                added_by: UserId::of(10),
+                role: Role::Admin,
+                occurred_at: at(),
+            }),
+            ChatEvent::MemberRoleChanged(MemberRoleChanged {
+                conversation_id: ConversationId::of(7),
+                user_id: UserId::of(30),
+                role: Role::Admin,
+                changed_by: UserId::of(10),
                 occurred_at: at(),
             }),
             ChatEvent::MemberLeft(MemberLeft {

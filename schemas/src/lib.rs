@@ -35,6 +35,8 @@ pub enum ChatEvent {
     MemberJoined(MemberJoined),
     #[serde(rename = "member.left")]
     MemberLeft(MemberLeft),
+    #[serde(rename = "member.role_changed")]
+    MemberRoleChanged(MemberRoleChanged),
     #[serde(rename = "message.new")]
     MessageNew(MessageNew),
     #[serde(rename = "read.updated")]
@@ -60,6 +62,49 @@ pub struct MemberJoined {
     /// The conversation's last_seq when the member joined: their starting watermark.
     pub last_read_seq: Watermark,
     pub added_by: UserId,
+    /// A group's creator joins as admin; everyone else, and DIRECT members, as members.
+    pub role: Role,
+    pub occurred_at: DateTime<Utc>,
+}
+
+/// A member's role in a group: admins add and remove others and change roles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Role {
+    Admin,
+    Member,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Admin => "ADMIN",
+            Self::Member => "MEMBER",
+        }
+    }
+}
+
+impl std::str::FromStr for Role {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "ADMIN" => Ok(Self::Admin),
+            "MEMBER" => Ok(Self::Member),
+            other => Err(format!("role {other:?} is not ADMIN or MEMBER")),
+        }
+    }
+}
+
+/// A member's role changed: an admin promoted or demoted them, or the last admin left
+/// and they, the longest-standing member, became admin.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberRoleChanged {
+    pub conversation_id: ConversationId,
+    pub user_id: UserId,
+    pub role: Role,
+    pub changed_by: UserId,
     pub occurred_at: DateTime<Utc>,
 }
 
@@ -99,6 +144,7 @@ impl ChatEvent {
             Self::ConversationCreated(_) => "conversation.created",
             Self::MemberJoined(_) => "member.joined",
             Self::MemberLeft(_) => "member.left",
+            Self::MemberRoleChanged(_) => "member.role_changed",
             Self::MessageNew(_) => "message.new",
             Self::ReadUpdated(_) => "read.updated",
         }
@@ -110,6 +156,7 @@ impl ChatEvent {
             Self::ConversationCreated(e) => e.conversation_id,
             Self::MemberJoined(e) => e.conversation_id,
             Self::MemberLeft(e) => e.conversation_id,
+            Self::MemberRoleChanged(e) => e.conversation_id,
             Self::MessageNew(e) => e.conversation_id,
             Self::ReadUpdated(e) => e.conversation_id,
         }

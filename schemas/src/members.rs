@@ -11,6 +11,8 @@ use crate::{ConversationId, UserId};
 pub struct FanoutMembers {
     pub conversation_id: ConversationId,
     pub user_ids: Vec<UserId>,
+    /// The members who are the group's admins.
+    pub admin_ids: Vec<UserId>,
     pub events_offset: i64,
 }
 
@@ -33,6 +35,10 @@ impl FanoutMembersCodec {
                 Value::Array(m.user_ids.iter().map(|u| long(*u)).collect()),
             ),
             ("eventsOffset", Value::Long(m.events_offset)),
+            (
+                "adminIds",
+                Value::Array(m.admin_ids.iter().map(|u| long(*u)).collect()),
+            ),
         ]))
     }
 }
@@ -45,6 +51,12 @@ impl FanoutMembers {
             conversation_id: f.id("conversationId")?,
             user_ids: f.ids("userIds")?,
             events_offset: f.long("eventsOffset")?,
+            // Written before roles existed: nobody known as admin.
+            admin_ids: if f.has("adminIds") {
+                f.ids("adminIds")?
+            } else {
+                Vec::new()
+            },
         })
     }
 }
@@ -59,6 +71,7 @@ mod tests {
         let m = FanoutMembers {
             conversation_id: ConversationId::of(12),
             user_ids: vec![UserId::of(1), UserId::of(5), UserId::of(9)],
+            admin_ids: vec![UserId::of(5)],
             events_offset: 40_000,
         };
         let bytes = codec.encode(&m);

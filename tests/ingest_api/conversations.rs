@@ -152,7 +152,7 @@ async fn a_new_member_starts_with_nothing_unread() {
 }
 
 #[tokio::test]
-async fn members_leave_and_only_the_creator_removes_others() {
+async fn members_leave_and_only_an_admin_removes_others() {
     let app = spawn_app().await;
     let owner = app.user(10);
     let conv = owner.create_group(&[20, 30]).await;
@@ -191,6 +191,196 @@ async fn members_leave_and_only_the_creator_removes_others() {
             .await,
         2
     );
+}
+
+/// The roles of the members as `GET …/members` lists them: (userId, role) in join order.
+async fn roles(app: &chatpipe_tests::TestApp, asker: i64, conv: i64) -> Vec<(i64, String)> {
+    let body = app
+        .user(asker)
+        .get(&format!("/conversations/{conv}/members"))
+        .await
+        .expect(200);
+    body["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["userId"].as_i64().unwrap(),
+                m["role"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+fn role_events(events: &[chatpipe_schemas::ChatEvent]) -> Vec<(i64, &'static str, i64)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            chatpipe_schemas::ChatEvent::MemberRoleChanged(r) => {
+                Some((r.user_id.get(), r.role.as_str(), r.changed_by.get()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn only_admins_add_and_remove_others_and_change_roles() {
+    let app = spawn_app().await;
+    let (creator, bob, carol, dave) = (10, 20, 30, 40);
+    let conv = app.user(creator).create_group(&[bob, carol]).await;
+    let admin = |u: i64| (u, "ADMIN".to_owned());
+    let member = |u: i64| (u, "MEMBER".to_owned());
+    assert_eq!(
+        roles(&app, bob, conv).await,
+        vec![admin(creator), member(bob), member(carol)],
+        "the creator is admin"
+    );
+    let members = format!("/conversations/{conv}/members");
+
+    // A member adds nobody, removes nobody else, promotes nobody: 403, nothing written.
+    let outbox_before = app.count("SELECT count(*) FROM outbox").await;
+    for res in [
+        app.user(bob)
+            .post(&members, json!({"userIds": [dave]}))
+            .await,
+        app.user(bob).delete(&format!("{members}/{carol}")).await,
+        app.user(bob)
+            .patch(&format!("{members}/{bob}"), json!({"role": "ADMIN"}))
+            .await,
+    ] {
+        let problem = res.problem(403);
+        assert!(
+            problem["detail"]
+                .as_str()
+                .unwrap()
+                .starts_with("only the group's admins may"),
+            "{problem}"
+        );
+    }
+    assert_eq!(
+        app.count("SELECT count(*) FROM outbox").await,
+        outbox_before
+    );
+
+    // The admin kicks carol; a member cannot bring her back, the admin can.
+    app.user(creator)
+        .delete(&format!("{members}/{carol}"))
+        .await
+        .expect(204);
+    app.user(bob)
+        .post(&members, json!({"userIds": [carol]}))
+        .await
+        .problem(403);
+    app.user(creator)
+        .post(&members, json!({"userIds": [carol]}))
+        .await
+        .expect(200);
+
+    // The admin promotes bob, who may now remove and add; a role set twice changes nothing.
+    let set = app
+        .user(creator)
+        .patch(&format!("{members}/{bob}"), json!({"role": "ADMIN"}))
+        .await
+        .expect(200);
+    assert_eq!(set["role"], "ADMIN");
+    app.user(creator)
+        .patch(&format!("{members}/{bob}"), json!({"role": "ADMIN"}))
+        .await
+        .expect(200);
+    app.user(bob)
+        .post(&members, json!({"userIds": [dave]}))
+        .await
+        .expect(200);
+    app.user(bob)
+        .delete(&format!("{members}/{dave}"))
+        .await
+        .expect(204);
+    // Bad roles and strangers.
+    let problem = app
+        .user(creator)
+        .patch(&format!("{members}/{bob}"), json!({"role": "OWNER"}))
+        .await
+        .problem(422);
+    assert_eq!(problem["field"], "role");
+    app.user(creator)
+        .patch(&format!("{members}/{dave}"), json!({"role": "ADMIN"}))
+        .await
+        .problem(404);
+    app.user(dave).get(&members).await.problem(404);
+
+    // Two admins: either may step down, but not the last one.
+    app.user(bob)
+        .patch(&format!("{members}/{creator}"), json!({"role": "MEMBER"}))
+        .await
+        .expect(200);
+    let problem = app
+        .user(bob)
+        .patch(&format!("{members}/{bob}"), json!({"role": "MEMBER"}))
+        .await
+        .problem(409);
+    assert_eq!(problem["type"], "/problems/last-admin");
+    assert_eq!(
+        roles(&app, creator, conv).await,
+        vec![member(creator), admin(bob), member(carol)]
+    );
+    assert_eq!(
+        role_events(&app.outbox_events().await),
+        vec![(bob, "ADMIN", creator), (creator, "MEMBER", bob)],
+        "one event per change, none for a role set twice or refused"
+    );
+}
+
+#[tokio::test]
+async fn when_the_last_admin_leaves_the_longest_standing_member_becomes_admin() {
+    let app = spawn_app().await;
+    let (creator, bob, carol, dave) = (10, 20, 30, 40);
+    let conv = app.user(creator).create_group(&[carol]).await;
+    let members = format!("/conversations/{conv}/members");
+    app.user(creator)
+        .post(&members, json!({"userIds": [bob]}))
+        .await
+        .expect(200);
+    app.user(creator)
+        .post(&members, json!({"userIds": [dave]}))
+        .await
+        .expect(200);
+    // carol joined with the creator, bob and dave later: carol has stood longest.
+    app.user(creator)
+        .delete(&format!("{members}/{creator}"))
+        .await
+        .expect(204);
+    let now = roles(&app, bob, conv).await;
+    assert_eq!(now[0], (carol, "ADMIN".to_owned()), "{now:?}");
+    assert_eq!(
+        now.iter().filter(|(_, r)| r == "ADMIN").count(),
+        1,
+        "{now:?}"
+    );
+    assert_eq!(
+        role_events(&app.outbox_events().await),
+        vec![(carol, "ADMIN", creator)]
+    );
+    // The new admin can remove; a plain member's leaving hands nothing on.
+    app.user(carol)
+        .delete(&format!("{members}/{dave}"))
+        .await
+        .expect(204);
+    app.user(bob)
+        .delete(&format!("{members}/{bob}"))
+        .await
+        .expect(204);
+    assert_eq!(
+        roles(&app, carol, conv).await,
+        vec![(carol, "ADMIN".to_owned())]
+    );
+    // The last member leaving leaves nobody to promote.
+    app.user(carol)
+        .delete(&format!("{members}/{carol}"))
+        .await
+        .expect(204);
+    assert_eq!(role_events(&app.outbox_events().await).len(), 1);
 }
 
 #[tokio::test]

@@ -7,6 +7,7 @@ mod conversations;
 mod group_commit;
 mod inbox;
 mod limits;
+mod migrations;
 mod operations;
 mod reads;
 mod schema_contract;

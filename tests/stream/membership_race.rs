@@ -39,6 +39,15 @@ async fn sends_and_adds_racing_the_senders_removal_commit_before_member_left_or_
     let (alice, bob) = (1, 2);
     let conv = p.app.user(alice).create_group(&[bob]).await;
     p.app.user(bob).send_message(conv, "before").await;
+    // Bob is an admin too (adding members takes one), whom alice, an admin, removes.
+    p.app
+        .user(alice)
+        .patch(
+            &format!("/conversations/{conv}/members/{bob}"),
+            json!({"role": "ADMIN"}),
+        )
+        .await
+        .expect(200);
 
     // The test holds the conversation's row lock, so that the removal and bob's writes
     // all queue for it: the removal first, bob's behind it.
@@ -109,6 +118,12 @@ async fn sends_and_adds_racing_the_senders_removal_commit_before_member_left_or_
         .filter(|r| r.key == key)
         .map(|r| &r.event)
         .collect();
+    // The promotion went through Debezium too, decoded as its own type.
+    assert!(
+        events.iter().any(|e| matches!(e, ChatEvent::MemberRoleChanged(r)
+            if r.user_id.get() == bob && r.role == chatpipe_schemas::Role::Admin && r.changed_by.get() == alice)),
+        "member.role_changed on chat.events"
+    );
     let left_at = events
         .iter()
         .position(|e| matches!(e, ChatEvent::MemberLeft(l) if l.user_id.get() == bob))

@@ -242,6 +242,11 @@ pub fn live_groups(
                 user_id: user,
                 last_read_seq: Watermark::ZERO,
                 added_by: UserId::of(1),
+                role: if user == UserId::of(1) {
+                    chatpipe_schemas::Role::Admin
+                } else {
+                    chatpipe_schemas::Role::Member
+                },
                 occurred_at: at,
             })
         };

@@ -391,6 +391,16 @@ impl Client<'_> {
         self.send(req).await
     }
 
+    pub async fn patch(&self, path: &str, body: Value) -> Resp {
+        self.send(
+            self.app
+                .http
+                .patch(format!("{}{path}", self.app.base))
+                .json(&body),
+        )
+        .await
+    }
+
     pub async fn delete(&self, path: &str) -> Resp {
         self.send(self.app.http.delete(format!("{}{path}", self.app.base)))
             .await

@@ -2,6 +2,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use chatpipe_core::{ConversationId, UserId};
+use chatpipe_schemas::Role;
 use serde::Deserialize;
 
 use crate::domain::{parse_title, user_ids, ConversationKind};
@@ -117,4 +118,43 @@ pub async fn remove_member(
     let user: UserId = path.get("userId")?;
     store::remove_member(&state.store, conversation, caller, user).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /conversations/{id}/members`: who is in it, with their roles, longest-standing
+/// first.
+pub async fn members(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    ConversationPath(conversation): ConversationPath,
+) -> Result<impl IntoResponse, ApiError> {
+    let members = store::members(&state.store, conversation, caller).await?;
+    Ok(axum::Json(serde_json::json!({
+        "conversationId": conversation,
+        "members": members,
+    })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SetRole {
+    role: String,
+}
+
+/// `PATCH /conversations/{id}/members/{userId}` `{role}`: an admin makes a member admin
+/// (`"ADMIN"`) or an admin a member (`"MEMBER"`).
+pub async fn set_role(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    path: PathParams,
+    Json(req): Json<SetRole>,
+) -> Result<impl IntoResponse, ApiError> {
+    state.rate.check(Kind::MemberChange, caller)?;
+    let conversation: ConversationId = path.get("id")?;
+    let user: UserId = path.get("userId")?;
+    let role: Role = req
+        .role
+        .parse()
+        .map_err(|detail: String| ApiError::invalid("role", detail))?;
+    let set = store::set_role(&state.store, conversation, caller, user, role).await?;
+    Ok(axum::Json(set))
 }

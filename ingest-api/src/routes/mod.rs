@@ -31,11 +31,11 @@ pub fn router(state: AppState, request_timeout: Duration) -> Router {
         .route("/direct", post(conversations::open_direct))
         .route(
             "/conversations/{id}/members",
-            post(conversations::add_members),
+            post(conversations::add_members).get(conversations::members),
         )
         .route(
             "/conversations/{id}/members/{userId}",
-            delete(conversations::remove_member),
+            delete(conversations::remove_member).patch(conversations::set_role),
         )
         .route(
             "/conversations/{id}/messages",

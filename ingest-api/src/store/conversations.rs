@@ -1,7 +1,14 @@
 //! Creating conversations and changing who is in them.
+//!
+//! Group roles: the creator joins as admin. Only admins add members, remove other
+//! members and change roles; anyone may leave. When the last admin leaves, the member
+//! who joined first (then the lowest user id) becomes admin, in the same transaction, so
+//! a group with members always has an admin. DIRECT conversations have no admin.
 
 use chatpipe_core::{db, ConversationId, UserId, Watermark};
-use chatpipe_schemas::{ChatEvent, ConversationCreated, MemberJoined, MemberLeft};
+use chatpipe_schemas::{
+    ChatEvent, ConversationCreated, MemberJoined, MemberLeft, MemberRoleChanged, Role,
+};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgConnection;
@@ -59,7 +66,7 @@ pub async fn create_group(
     .fetch_one(&mut *tx)
     .await?;
     let id = db::id(view.conversation_id)?;
-    let members = insert_members(&mut tx, id, &member_ids, Watermark::ZERO).await?;
+    let members = insert_members(&mut tx, id, &member_ids, Watermark::ZERO, Some(creator)).await?;
     let mut events = vec![ChatEvent::ConversationCreated(ConversationCreated {
         conversation_id: id,
         conversation_type: ConversationKind::Group.as_str().into(),
@@ -67,7 +74,14 @@ pub async fn create_group(
         created_by: creator,
         occurred_at: at,
     })];
-    events.extend(joined_events(id, &members, Watermark::ZERO, creator, at));
+    events.extend(joined_events(
+        id,
+        &members,
+        Watermark::ZERO,
+        creator,
+        Some(creator),
+        at,
+    ));
     db.outbox.write(&mut tx, &events).await?;
     tx.commit().await?;
     Ok(view)
@@ -120,7 +134,8 @@ pub async fn open_direct(
             .ok_or(StoreError::Database(sqlx::Error::RowNotFound))?;
         return Ok((view, false));
     }
-    let members = insert_members(&mut tx, id, &[low.get(), high.get()], Watermark::ZERO).await?;
+    let members =
+        insert_members(&mut tx, id, &[low.get(), high.get()], Watermark::ZERO, None).await?;
     let mut events = vec![ChatEvent::ConversationCreated(ConversationCreated {
         conversation_id: id,
         conversation_type: ConversationKind::Direct.as_str().into(),
@@ -128,7 +143,14 @@ pub async fn open_direct(
         created_by: caller,
         occurred_at: at,
     })];
-    events.extend(joined_events(id, &members, Watermark::ZERO, caller, at));
+    events.extend(joined_events(
+        id,
+        &members,
+        Watermark::ZERO,
+        caller,
+        None,
+        at,
+    ));
     db.outbox.write(&mut tx, &events).await?;
     tx.commit().await?;
     view.peer_id = Some(peer.get());
@@ -160,9 +182,11 @@ async fn find_direct(
 struct Locked {
     #[sqlx(rename = "type")]
     kind: ConversationKind,
-    created_by: i64,
     last_seq: i64,
     member_count: i32,
+    /// The caller's role (set from the second statement).
+    #[sqlx(skip)]
+    caller_role: Option<Role>,
 }
 
 /// Two statements on purpose. A statement reads with the snapshot it started with, and a
@@ -176,23 +200,37 @@ async fn lock_as_member(
     caller: UserId,
 ) -> Result<Locked, StoreError> {
     let locked: Option<Locked> = sqlx::query_as(
-        "SELECT c.type, c.created_by, c.last_seq, c.member_count
+        "SELECT c.type, c.last_seq, c.member_count
            FROM conversation c WHERE c.id = $1 FOR UPDATE",
     )
     .bind(conversation.get())
     .fetch_optional(&mut *conn)
     .await?;
-    let member: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM conversation_member
-                         WHERE conversation_id = $1 AND user_id = $2)",
+    let role: Option<String> = sqlx::query_scalar(
+        "SELECT role FROM conversation_member WHERE conversation_id = $1 AND user_id = $2",
     )
     .bind(conversation.get())
     .bind(caller.get())
-    .fetch_one(conn)
+    .fetch_optional(conn)
     .await?;
-    locked
-        .filter(|_| member)
-        .ok_or_else(StoreError::conversation_not_found)
+    match (locked, role) {
+        (Some(locked), Some(role)) => Ok(Locked {
+            caller_role: Some(role.parse().map_err(StoreError::corrupt)?),
+            ..locked
+        }),
+        _ => Err(StoreError::conversation_not_found()),
+    }
+}
+
+/// Refuses a caller who is not an admin of the group.
+fn require_admin(locked: &Locked, what: &str) -> Result<(), StoreError> {
+    if locked.caller_role == Some(Role::Admin) {
+        Ok(())
+    } else {
+        Err(StoreError::Forbidden {
+            detail: format!("only the group's admins may {what}"),
+        })
+    }
 }
 
 /// The same for a membership change: only GROUPs have one; a DIRECT conversation keeps
@@ -234,8 +272,9 @@ pub async fn add_members(
 ) -> Result<MembersAdded, StoreError> {
     let mut tx = db.pool.begin().await?;
     let locked = lock_group_as_member(&mut tx, conversation, caller).await?;
+    require_admin(&locked, "add members")?;
     let start = db::id(locked.last_seq)?;
-    let added = insert_members(&mut tx, conversation, user_ids, start).await?;
+    let added = insert_members(&mut tx, conversation, user_ids, start, None).await?;
     let member_count = locked.member_count as usize + added.len();
     if member_count > max_members {
         // Dropping `tx` rolls the inserts back.
@@ -246,7 +285,7 @@ pub async fn add_members(
         .bind(member_count as i32)
         .execute(&mut *tx)
         .await?;
-    let events: Vec<_> = joined_events(conversation, &added, start, caller, now()).collect();
+    let events: Vec<_> = joined_events(conversation, &added, start, caller, None, now()).collect();
     db.outbox.write(&mut tx, &events).await?;
     tx.commit().await?;
     Ok(MembersAdded {
@@ -257,7 +296,8 @@ pub async fn add_members(
     })
 }
 
-/// Removes a member from a GROUP: a member may leave, the creator may remove anyone.
+/// Removes a member from a GROUP: anyone may leave, an admin may remove anyone. When
+/// the last admin goes, the longest-standing member becomes admin.
 pub async fn remove_member(
     db: &Store,
     conversation: ConversationId,
@@ -266,52 +306,197 @@ pub async fn remove_member(
 ) -> Result<(), StoreError> {
     let mut tx = db.pool.begin().await?;
     let locked = lock_group_as_member(&mut tx, conversation, caller).await?;
-    if user != caller && locked.created_by != caller.get() {
-        return Err(StoreError::Forbidden {
-            detail: "only the group's creator may remove other members".into(),
-        });
+    if user != caller {
+        require_admin(&locked, "remove other members")?;
     }
-    let removed =
-        sqlx::query("DELETE FROM conversation_member WHERE conversation_id = $1 AND user_id = $2")
-            .bind(conversation.get())
-            .bind(user.get())
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-    if removed == 0 {
+    let removed: Option<String> = sqlx::query_scalar(
+        "DELETE FROM conversation_member WHERE conversation_id = $1 AND user_id = $2
+         RETURNING role",
+    )
+    .bind(conversation.get())
+    .bind(user.get())
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(removed_role) = removed else {
         return Err(StoreError::NotFound { what: "member" });
-    }
+    };
     sqlx::query("UPDATE conversation SET member_count = member_count - 1 WHERE id = $1")
         .bind(conversation.get())
         .execute(&mut *tx)
         .await?;
-    let event = ChatEvent::MemberLeft(MemberLeft {
+    let at = now();
+    let mut events = vec![ChatEvent::MemberLeft(MemberLeft {
         conversation_id: conversation,
         user_id: user,
         removed_by: caller,
-        occurred_at: now(),
-    });
-    db.outbox.write(&mut tx, &[event]).await?;
+        occurred_at: at,
+    })];
+    if removed_role == Role::Admin.as_str() {
+        if let Some(heir) = promote_if_no_admin(&mut tx, conversation).await? {
+            events.push(ChatEvent::MemberRoleChanged(MemberRoleChanged {
+                conversation_id: conversation,
+                user_id: heir,
+                role: Role::Admin,
+                changed_by: caller,
+                occurred_at: at,
+            }));
+        }
+    }
+    db.outbox.write(&mut tx, &events).await?;
     tx.commit().await?;
     Ok(())
 }
 
-/// Inserts the users not yet members, at watermark `last_read_seq`; returns who was new.
+/// Makes the longest-standing member admin if the group has members and no admin.
+async fn promote_if_no_admin(
+    conn: &mut PgConnection,
+    conversation: ConversationId,
+) -> Result<Option<UserId>, StoreError> {
+    let heir: Option<i64> = sqlx::query_scalar(
+        "UPDATE conversation_member SET role = 'ADMIN'
+          WHERE conversation_id = $1
+            AND user_id = (SELECT user_id FROM conversation_member
+                            WHERE conversation_id = $1
+                            ORDER BY joined_at, user_id LIMIT 1)
+            AND NOT EXISTS (SELECT 1 FROM conversation_member
+                             WHERE conversation_id = $1 AND role = 'ADMIN')
+         RETURNING user_id",
+    )
+    .bind(conversation.get())
+    .fetch_optional(conn)
+    .await?;
+    Ok(heir.map(db::id).transpose()?)
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RoleSet {
+    pub conversation_id: ConversationId,
+    pub user_id: UserId,
+    pub role: Role,
+}
+
+/// An admin makes a member admin, or an admin a member again. The last admin cannot
+/// step down (409 `last-admin`): promote someone first, or leave (then the
+/// longest-standing member takes over). Setting the role a member has changes nothing
+/// and writes no event.
+pub async fn set_role(
+    db: &Store,
+    conversation: ConversationId,
+    caller: UserId,
+    user: UserId,
+    role: Role,
+) -> Result<RoleSet, StoreError> {
+    let mut tx = db.pool.begin().await?;
+    let locked = lock_group_as_member(&mut tx, conversation, caller).await?;
+    require_admin(&locked, "change roles")?;
+    let was: Option<String> = sqlx::query_scalar(
+        "SELECT role FROM conversation_member WHERE conversation_id = $1 AND user_id = $2",
+    )
+    .bind(conversation.get())
+    .bind(user.get())
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(was) = was else {
+        return Err(StoreError::NotFound { what: "member" });
+    };
+    let answer = RoleSet {
+        conversation_id: conversation,
+        user_id: user,
+        role,
+    };
+    if was == role.as_str() {
+        return Ok(answer);
+    }
+    if role == Role::Member {
+        let others: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM conversation_member
+              WHERE conversation_id = $1 AND role = 'ADMIN' AND user_id <> $2",
+        )
+        .bind(conversation.get())
+        .bind(user.get())
+        .fetch_one(&mut *tx)
+        .await?;
+        if others == 0 {
+            return Err(StoreError::conflict(
+                "last-admin",
+                "the group's last admin cannot become a member: make another member admin first",
+            ));
+        }
+    }
+    sqlx::query(
+        "UPDATE conversation_member SET role = $3 WHERE conversation_id = $1 AND user_id = $2",
+    )
+    .bind(conversation.get())
+    .bind(user.get())
+    .bind(role.as_str())
+    .execute(&mut *tx)
+    .await?;
+    let event = ChatEvent::MemberRoleChanged(MemberRoleChanged {
+        conversation_id: conversation,
+        user_id: user,
+        role,
+        changed_by: caller,
+        occurred_at: now(),
+    });
+    db.outbox.write(&mut tx, &[event]).await?;
+    tx.commit().await?;
+    Ok(answer)
+}
+
+#[derive(Debug, Serialize, sqlx::FromRow)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberEntry {
+    pub user_id: i64,
+    pub role: String,
+    pub joined_at: DateTime<Utc>,
+    pub last_read_seq: i64,
+}
+
+/// The members of a conversation the caller is in, longest-standing first.
+pub async fn members(
+    db: &Store,
+    conversation: ConversationId,
+    caller: UserId,
+) -> Result<Vec<MemberEntry>, StoreError> {
+    let members: Vec<MemberEntry> = sqlx::query_as(
+        "SELECT m.user_id, m.role, m.joined_at, m.last_read_seq
+           FROM conversation_member m
+          WHERE m.conversation_id = $1
+            AND EXISTS (SELECT 1 FROM conversation_member me
+                         WHERE me.conversation_id = $1 AND me.user_id = $2)
+          ORDER BY m.joined_at, m.user_id",
+    )
+    .bind(conversation.get())
+    .bind(caller.get())
+    .fetch_all(&db.pool)
+    .await?;
+    if members.is_empty() {
+        return Err(StoreError::conversation_not_found());
+    }
+    Ok(members)
+}
+
+/// Inserts the users not yet members, at watermark `last_read_seq`, `admin` (if any) as
+/// admin and the others as members; returns who was new.
 async fn insert_members(
     conn: &mut PgConnection,
     conversation: ConversationId,
     user_ids: &[i64],
     last_read_seq: Watermark,
+    admin: Option<UserId>,
 ) -> Result<Vec<UserId>, sqlx::Error> {
     let mut added: Vec<i64> = sqlx::query_scalar(
-        "INSERT INTO conversation_member (conversation_id, user_id, last_read_seq)
-         SELECT $1, u, $3 FROM unnest($2::bigint[]) AS u
+        "INSERT INTO conversation_member (conversation_id, user_id, last_read_seq, role)
+         SELECT $1, u, $3, CASE WHEN u = $4 THEN 'ADMIN' ELSE 'MEMBER' END
+           FROM unnest($2::bigint[]) AS u
          ON CONFLICT (conversation_id, user_id) DO NOTHING
          RETURNING user_id",
     )
     .bind(conversation.get())
     .bind(user_ids)
     .bind(last_read_seq.get())
+    .bind(admin.map(|a| a.get()))
     .fetch_all(conn)
     .await?;
     added.sort_unstable();
@@ -323,6 +508,7 @@ fn joined_events(
     users: &[UserId],
     last_read_seq: Watermark,
     added_by: UserId,
+    admin: Option<UserId>,
     at: DateTime<Utc>,
 ) -> impl Iterator<Item = ChatEvent> + '_ {
     users.iter().map(move |&user_id| {
@@ -331,6 +517,11 @@ fn joined_events(
             user_id,
             last_read_seq,
             added_by,
+            role: if Some(user_id) == admin {
+                Role::Admin
+            } else {
+                Role::Member
+            },
             occurred_at: at,
         })
     })

@@ -46,6 +46,11 @@ impl StoreError {
         }
     }
 
+    /// A value in the database this code cannot read (a failure, 500).
+    pub fn corrupt(detail: String) -> Self {
+        Self::Database(sqlx::Error::Decode(detail.into()))
+    }
+
     pub fn conflict(code: &'static str, detail: impl Into<String>) -> Self {
         Self::Conflict {
             code,

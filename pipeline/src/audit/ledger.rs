@@ -83,7 +83,9 @@ impl Ledger {
                 self.newest_created = self.newest_created.max(Some(c.conversation_id));
                 Finding::Fine
             }
-            ChatEvent::MemberJoined(_) | ChatEvent::MemberLeft(_) => Finding::Fine,
+            ChatEvent::MemberJoined(_)
+            | ChatEvent::MemberLeft(_)
+            | ChatEvent::MemberRoleChanged(_) => Finding::Fine,
         }
     }
 

@@ -29,9 +29,12 @@ impl Changelog {
         members.entry(conversation).map(|e| {
             let mut users: Vec<_> = e.members.iter().copied().collect();
             users.sort_unstable();
+            let mut admins: Vec<_> = e.admins.iter().copied().collect();
+            admins.sort_unstable();
             self.codec.encode(&FanoutMembers {
                 conversation_id: conversation,
                 user_ids: users,
+                admin_ids: admins,
                 events_offset: e.offset,
             })
         })
@@ -96,6 +99,7 @@ impl Changelog {
                                     Conversation {
                                         partition,
                                         members: e.user_ids.into_iter().collect(),
+                                        admins: e.admin_ids.into_iter().collect(),
                                         offset: e.events_offset,
                                     },
                                 );

@@ -211,7 +211,8 @@ impl Fanout {
             // conversation that is not makes the changelog's entry stale (tombstoned).
             ChatEvent::ConversationCreated(_)
             | ChatEvent::MemberJoined(_)
-            | ChatEvent::MemberLeft(_) => {
+            | ChatEvent::MemberLeft(_)
+            | ChatEvent::MemberRoleChanged(_) => {
                 match self.members.apply(at.partition, at.offset, event) {
                     Change::Wrote(c) | Change::Unknown(c) => {
                         self.write_changelog(at.partition, c)?;
@@ -267,11 +268,11 @@ impl Fanout {
     /// The members of a conversation not in memory (evicted, never seen, or one of its
     /// events could not be read): from PostgreSQL, then kept from its events.
     fn load_members(&mut self, conversation: ConversationId, at: Position) -> Result<(), Failure> {
-        let users: Vec<i64> = self
+        let rows: Vec<(i64, bool)> = self
             .handle
             .block_on(
-                sqlx::query_scalar(
-                    "SELECT user_id FROM conversation_member WHERE conversation_id = $1",
+                sqlx::query_as(
+                    "SELECT user_id, role = 'ADMIN' FROM conversation_member WHERE conversation_id = $1",
                 )
                 .bind(conversation.get())
                 .fetch_all(&self.pool),
@@ -280,15 +281,19 @@ impl Fanout {
             .map_err(Failure::Retriable)?;
         metrics::counter!("fanout_membership_loads_total").increment(1);
         self.status.membership_loads.fetch_add(1, Ordering::Relaxed);
+        let id = |u: i64| {
+            chatpipe_core::db::id(u).map_err(|e| Failure::retriable(anyhow::Error::from(e)))
+        };
         self.members.load(
             conversation,
             Conversation {
                 partition: at.partition,
-                members: users
-                    .into_iter()
-                    .map(chatpipe_core::db::id)
-                    .collect::<Result<_, _>>()
-                    .map_err(|e| Failure::retriable(anyhow::Error::from(e)))?,
+                members: rows.iter().map(|&(u, _)| id(u)).collect::<Result<_, _>>()?,
+                admins: rows
+                    .iter()
+                    .filter(|(_, admin)| *admin)
+                    .map(|&(u, _)| id(u))
+                    .collect::<Result<_, _>>()?,
                 // The database is at least as new as this event: apply what follows.
                 offset: at.offset - 1,
             },

@@ -1,7 +1,7 @@
 //! Who is in each conversation: fanout's membership store, Kafka-Streams style.
 //!
 //! Kept current from the membership events of chat.events (conversation.created,
-//! member.joined, member.left) rather than a query per event, bounded to
+//! member.joined, member.left, member.role_changed: members and their roles) rather than a query per event, bounded to
 //! `fanout.max_cached_conversations` entries (least recently used first out), and
 //! backed by a compacted changelog topic ([`super::changelog`]) that fanout writes as it
 //! applies changes and restores from when a partition is assigned. A conversation that
@@ -14,7 +14,7 @@
 use std::collections::HashSet;
 use std::num::NonZeroUsize;
 
-use chatpipe_schemas::{ChatEvent, ConversationId, UserId};
+use chatpipe_schemas::{ChatEvent, ConversationId, Role, UserId};
 use lru::LruCache;
 
 #[derive(Debug)]
@@ -26,6 +26,8 @@ pub struct Members {
 pub struct Conversation {
     pub partition: i32,
     pub members: HashSet<UserId>,
+    /// The members who are admins of the group.
+    pub admins: HashSet<UserId>,
     /// The chat.events offset of the last event applied (-1: none, loaded from
     /// PostgreSQL just before the event at offset + 1).
     pub offset: i64,
@@ -94,7 +96,7 @@ impl Members {
     /// Events at or before an entry's offset were applied already and are skipped.
     pub fn apply(&mut self, partition: i32, offset: i64, event: &ChatEvent) -> Change {
         let conversation = event.conversation_id();
-        let (user, joined) = match event {
+        match event {
             ChatEvent::ConversationCreated(_) => {
                 if self.knows(conversation) {
                     return Change::None;
@@ -104,15 +106,17 @@ impl Members {
                     Conversation {
                         partition,
                         members: HashSet::new(),
+                        admins: HashSet::new(),
                         offset,
                     },
                 );
                 return Change::Wrote(conversation);
             }
-            ChatEvent::MemberJoined(e) => (e.user_id, true),
-            ChatEvent::MemberLeft(e) => (e.user_id, false),
             ChatEvent::MessageNew(_) | ChatEvent::ReadUpdated(_) => return Change::None,
-        };
+            ChatEvent::MemberJoined(_)
+            | ChatEvent::MemberLeft(_)
+            | ChatEvent::MemberRoleChanged(_) => {}
+        }
         let Some(entry) = self.conversations.get_mut(&conversation) else {
             return Change::Unknown(conversation);
         };
@@ -120,10 +124,25 @@ impl Members {
             return Change::None;
         }
         entry.offset = offset;
-        if joined {
-            entry.members.insert(user);
-        } else {
-            entry.members.remove(&user);
+        match event {
+            ChatEvent::MemberJoined(e) => {
+                entry.members.insert(e.user_id);
+                entry.admins.remove(&e.user_id);
+                if e.role == Role::Admin {
+                    entry.admins.insert(e.user_id);
+                }
+            }
+            ChatEvent::MemberLeft(e) => {
+                entry.members.remove(&e.user_id);
+                entry.admins.remove(&e.user_id);
+            }
+            ChatEvent::MemberRoleChanged(e) => {
+                entry.admins.remove(&e.user_id);
+                if e.role == Role::Admin && entry.members.contains(&e.user_id) {
+                    entry.admins.insert(e.user_id);
+                }
+            }
+            _ => {}
         }
         Change::Wrote(conversation)
     }
@@ -159,7 +178,9 @@ impl Members {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use chatpipe_schemas::{ConversationCreated, MemberJoined, MemberLeft, Watermark};
+    use chatpipe_schemas::{
+        ConversationCreated, MemberJoined, MemberLeft, MemberRoleChanged, Watermark,
+    };
     use chrono::Utc;
 
     fn created(c: i64) -> ChatEvent {
@@ -173,11 +194,26 @@ mod tests {
     }
 
     fn joined(c: i64, u: i64) -> ChatEvent {
+        joined_as(c, u, Role::Member)
+    }
+
+    fn joined_as(c: i64, u: i64, role: Role) -> ChatEvent {
         ChatEvent::MemberJoined(MemberJoined {
             conversation_id: ConversationId::of(c),
             user_id: UserId::of(u),
             last_read_seq: Watermark::ZERO,
             added_by: UserId::of(1),
+            role,
+            occurred_at: Utc::now(),
+        })
+    }
+
+    fn role_changed(c: i64, u: i64, role: Role) -> ChatEvent {
+        ChatEvent::MemberRoleChanged(MemberRoleChanged {
+            conversation_id: ConversationId::of(c),
+            user_id: UserId::of(u),
+            role,
+            changed_by: UserId::of(1),
             occurred_at: Utc::now(),
         })
     }
@@ -223,6 +259,54 @@ mod tests {
     }
 
     #[test]
+    fn roles_follow_joins_role_changes_and_leaving() {
+        let mut m = Members::new(10);
+        let events = [
+            created(7),
+            joined_as(7, 1, Role::Admin),
+            joined(7, 2),
+            joined(7, 3),
+            role_changed(7, 2, Role::Admin),
+            left(7, 1),
+            role_changed(7, 3, Role::Admin),
+            role_changed(7, 2, Role::Member),
+        ];
+        let mut seen = Vec::new();
+        for (offset, e) in events.iter().enumerate() {
+            m.apply(0, offset as i64, e);
+            let mut admins: Vec<i64> = m
+                .entry(ConversationId::of(7))
+                .unwrap()
+                .admins
+                .iter()
+                .map(|u| u.get())
+                .collect();
+            admins.sort();
+            seen.push(admins);
+        }
+        assert_eq!(
+            seen,
+            vec![
+                vec![],
+                vec![1],
+                vec![1],
+                vec![1],
+                vec![1, 2],
+                vec![2],
+                vec![2, 3],
+                vec![3]
+            ]
+        );
+        // A role change for someone who is not a member makes nobody admin.
+        m.apply(0, 8, &role_changed(7, 9, Role::Admin));
+        assert!(!m
+            .entry(ConversationId::of(7))
+            .unwrap()
+            .admins
+            .contains(&UserId::of(9)));
+    }
+
+    #[test]
     fn replayed_events_change_nothing() {
         let mut m = Members::new(10);
         m.apply(0, 10, &created(7));
@@ -249,6 +333,7 @@ mod tests {
             Conversation {
                 partition: 0,
                 members: [UserId::of(1), UserId::of(4)].into(),
+                admins: [UserId::of(1)].into(),
                 offset: 0,
             },
         );
