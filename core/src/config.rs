@@ -67,6 +67,33 @@ fn default_events_subject() -> String {
 #[serde(deny_unknown_fields)]
 pub struct KafkaSettings {
     pub brokers: String,
+    /// librdkafka properties set on every client, after ours: how to reach a secured
+    /// cluster (`security.protocol`, `sasl.*`, `ssl.*`). See [`crate::kafka::apply`].
+    #[serde(default)]
+    pub properties: std::collections::BTreeMap<String, String>,
+}
+
+impl KafkaSettings {
+    /// [`crate::kafka::producer_config`] with [`Self::properties`].
+    pub fn producer(&self) -> rdkafka::ClientConfig {
+        crate::kafka::apply(
+            crate::kafka::producer_config(&self.brokers),
+            &self.properties,
+        )
+    }
+
+    /// [`crate::kafka::client_config`] with [`Self::properties`].
+    pub fn client(&self) -> rdkafka::ClientConfig {
+        crate::kafka::apply(crate::kafka::client_config(&self.brokers), &self.properties)
+    }
+
+    /// [`crate::kafka::consumer_config`] with [`Self::properties`].
+    pub fn consumer(&self, group: &str) -> rdkafka::ClientConfig {
+        crate::kafka::apply(
+            crate::kafka::consumer_config(&self.brokers, group),
+            &self.properties,
+        )
+    }
 }
 
 /// `[outbox]`: how a service writes its events.

@@ -33,6 +33,35 @@ pub fn producer_config(brokers: &str) -> ClientConfig {
     config
 }
 
+/// Sets an operator's librdkafka `properties` on `config` (`[kafka.properties]` in each
+/// service's config, or `CHATPIPE_KAFKA__PROPERTIES='{security.protocol="SASL_SSL", …}'`):
+/// TLS and SASL (`security.protocol`, `ssl.ca.location`, `sasl.mechanisms`,
+/// `sasl.username`, `sasl.password`), or any other tuning. They are set last, so they win
+/// over ours; librdkafka refuses an unknown one when the client is created.
+pub fn apply(
+    mut config: ClientConfig,
+    properties: &std::collections::BTreeMap<String, String>,
+) -> ClientConfig {
+    for (key, value) in properties {
+        config.set(key, value);
+    }
+    config
+}
+
+/// The properties of `config` that say how to reach the cluster (`security.protocol`,
+/// `ssl.*`, `sasl.*`): a client made for the same cluster from another start (the
+/// dead-letter producer of a reader) copies them.
+pub fn transport_of(config: &ClientConfig) -> std::collections::BTreeMap<String, String> {
+    config
+        .config_map()
+        .iter()
+        .filter(|(k, _)| {
+            **k == "security.protocol" || k.starts_with("ssl.") || k.starts_with("sasl.")
+        })
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
 /// A client of `brokers`, nothing else set: the start of a reader's consumer.
 pub fn client_config(brokers: &str) -> ClientConfig {
     base(brokers)

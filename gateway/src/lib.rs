@@ -138,14 +138,14 @@ pub async fn run(
         .presence_codec_for(&format!("{}-value", settings.presence.topic))
         .await
         .context("registering the presence schema")?;
-    let brokers = &settings.kafka.brokers;
     // A presence record older than a lease is worth nothing: librdkafka gives up on it
     // then, rather than after its default five minutes.
-    let producer: rdkafka::producer::FutureProducer =
-        chatpipe_core::kafka::producer_config(brokers)
-            .set("message.timeout.ms", settings.presence.lease_ms.to_string())
-            .create()
-            .context("creating the Kafka producer")?;
+    let producer: rdkafka::producer::FutureProducer = settings
+        .kafka
+        .producer()
+        .set("message.timeout.ms", settings.presence.lease_ms.to_string())
+        .create()
+        .context("creating the Kafka producer")?;
     let sessions = Sessions::new(settings.sessions.queue_bound).with_caps(
         settings.sessions.max_sessions,
         settings.sessions.max_sessions_per_user,
@@ -173,7 +173,9 @@ pub async fn run(
     );
     let reader = Reader::new(
         spec,
-        chatpipe_core::kafka::client_config(brokers)
+        settings
+            .kafka
+            .client()
             .set("fetch.wait.max.ms", "50")
             .clone(),
         deliveries::Pusher { lists: lists_tx },

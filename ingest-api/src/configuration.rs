@@ -60,6 +60,10 @@ pub struct KafkaSettings {
     pub receipts_topic: String,
     pub produce_timeout_ms: u64,
     pub queue_max_messages: u32,
+    /// librdkafka properties for a secured cluster (TLS, SASL): see
+    /// `chatpipe_core::kafka::apply`.
+    #[serde(default)]
+    pub properties: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -25,13 +25,16 @@ pub struct ProduceError {
 
 impl ReceiptProducer {
     pub fn new(kafka: &KafkaSettings, codec: ReceiptCodec) -> anyhow::Result<Self> {
-        let producer = chatpipe_core::kafka::producer_config(&kafka.brokers)
-            .set(
-                "queue.buffering.max.messages",
-                kafka.queue_max_messages.to_string(),
-            )
-            .set("message.timeout.ms", kafka.produce_timeout_ms.to_string())
-            .create()?;
+        let producer = chatpipe_core::kafka::apply(
+            chatpipe_core::kafka::producer_config(&kafka.brokers),
+            &kafka.properties,
+        )
+        .set(
+            "queue.buffering.max.messages",
+            kafka.queue_max_messages.to_string(),
+        )
+        .set("message.timeout.ms", kafka.produce_timeout_ms.to_string())
+        .create()?;
         Ok(Self {
             producer,
             codec,

@@ -5,3 +5,4 @@ mod audit;
 mod cdc;
 mod membership_race;
 mod receipts;
+mod transports;

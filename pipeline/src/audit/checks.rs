@@ -130,7 +130,9 @@ impl Checker {
             .database
             .connect_lazy()
             .expect("database.url is a PostgreSQL URL");
-        let kafka = chatpipe_core::kafka::client_config(&settings.kafka.brokers)
+        let kafka = settings
+            .kafka
+            .client()
             .create()
             .expect("a Kafka client (kafka.brokers)");
         Self {

@@ -260,7 +260,7 @@ fn run_events(
     spec.dead_letters = None;
     let reader = crate::runtime::Reader::new(
         spec,
-        chatpipe_core::kafka::client_config(&settings.kafka.brokers),
+        settings.kafka.client(),
         Auditor {
             audit,
             next: Default::default(),

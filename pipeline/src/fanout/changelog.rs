@@ -46,18 +46,18 @@ impl Changelog {
     /// skipped, so its conversation is loaded from PostgreSQL when needed.
     pub fn restore(
         &self,
-        brokers: &str,
+        kafka: &chatpipe_core::config::KafkaSettings,
         group: &str,
         partition: i32,
         schemas: &mut WriterSchemas,
         members: &mut Members,
     ) -> Result<u64, Failure> {
         let topic = &self.topic;
-        let reader: BaseConsumer =
-            chatpipe_core::kafka::consumer_config(brokers, &format!("{group}-restore"))
-                .create()
-                .context("creating the changelog reader")
-                .map_err(Failure::Retriable)?;
+        let reader: BaseConsumer = kafka
+            .consumer(&format!("{group}-restore"))
+            .create()
+            .context("creating the changelog reader")
+            .map_err(Failure::Retriable)?;
         let (low, high) = reader
             .fetch_watermarks(topic, partition, Duration::from_secs(10))
             .with_context(|| format!("reading the watermarks of {topic}/{partition}"))

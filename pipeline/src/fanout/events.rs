@@ -32,7 +32,7 @@ pub struct Fanout {
     pub unacked: Arc<Unacked>,
     pub status: Arc<Status>,
     pub cfg: FanoutSettings,
-    pub brokers: String,
+    pub kafka: chatpipe_core::config::KafkaSettings,
     pub members: Members,
     pub changelog: Changelog,
     /// Partitions whose changelog has been read since they were assigned.
@@ -158,7 +158,7 @@ impl Fanout {
         // A failed attempt may have loaded part of it: start clean.
         self.members.drop_partitions(&[partition]);
         let read = self.changelog.restore(
-            &self.brokers,
+            &self.kafka,
             &self.cfg.group,
             partition,
             &mut self.schemas,

@@ -164,7 +164,7 @@ fn run_presence(
         };
         let reader = Reader::new(
             spec.clone(),
-            chatpipe_core::kafka::client_config(&settings.kafka.brokers),
+            settings.kafka.client(),
             table,
             WriterSchemas::new(registry.clone(), rt.handle().clone()),
             health.clone(),
@@ -194,8 +194,13 @@ fn run_presence(
 
 /// The changelog must have a partition for every partition of chat.events (an entry
 /// lives on the partition of its conversation's events).
-fn check_copartitioned(brokers: &str, events: &str, changelog: &str) -> anyhow::Result<()> {
-    let client: rdkafka::consumer::BaseConsumer = chatpipe_core::kafka::client_config(brokers)
+fn check_copartitioned(
+    kafka: &chatpipe_core::config::KafkaSettings,
+    events: &str,
+    changelog: &str,
+) -> anyhow::Result<()> {
+    let client: rdkafka::consumer::BaseConsumer = kafka
+        .client()
         .create()
         .context("creating a metadata client")?;
     let count = |topic: &str| -> anyhow::Result<usize> {
@@ -236,11 +241,7 @@ fn run_events(
             let pool = settings.database.connect().await?;
             anyhow::Ok((codec, changelog, pool))
         })?;
-        check_copartitioned(
-            &settings.kafka.brokers,
-            &cfg.events_topic,
-            &cfg.changelog_topic,
-        )?;
+        check_copartitioned(&settings.kafka, &cfg.events_topic, &cfg.changelog_topic)?;
         Ok(result)
     });
     let Some((codec, changelog_codec, pool)) = started else {
@@ -255,17 +256,18 @@ fn run_events(
         std::thread::sleep(Duration::from_millis(20));
     }
     let unacked = Arc::new(Unacked::default());
-    let producer: ThreadedProducer<DeliveryReport> =
-        chatpipe_core::kafka::producer_config(&settings.kafka.brokers)
-            .set("linger.ms", "1")
-            .set(
-                "queue.buffering.max.messages",
-                cfg.produce_queue_max.to_string(),
-            )
-            .create_with_context(DeliveryReport {
-                unacked: unacked.clone(),
-            })
-            .context("creating the deliveries producer")?;
+    let producer: ThreadedProducer<DeliveryReport> = settings
+        .kafka
+        .producer()
+        .set("linger.ms", "1")
+        .set(
+            "queue.buffering.max.messages",
+            cfg.produce_queue_max.to_string(),
+        )
+        .create_with_context(DeliveryReport {
+            unacked: unacked.clone(),
+        })
+        .context("creating the deliveries producer")?;
     let fanout = Fanout {
         handle: rt.handle().clone(),
         schemas: WriterSchemas::new(registry.clone(), rt.handle().clone()),
@@ -274,7 +276,7 @@ fn run_events(
         producer,
         unacked,
         status,
-        brokers: settings.kafka.brokers.clone(),
+        kafka: settings.kafka.clone(),
         members: Members::new(cfg.max_cached_conversations),
         changelog: Changelog {
             topic: cfg.changelog_topic.clone(),
@@ -298,7 +300,7 @@ fn run_events(
     );
     let reader = Reader::new(
         spec,
-        chatpipe_core::kafka::client_config(&settings.kafka.brokers),
+        settings.kafka.client(),
         fanout,
         WriterSchemas::new(registry, rt.handle().clone()),
         health,

@@ -221,7 +221,7 @@ fn run_one(
     );
     let reader = Reader::new(
         spec,
-        chatpipe_core::kafka::client_config(&settings.kafka.brokers),
+        settings.kafka.client(),
         processor,
         WriterSchemas::new(registry, rt.handle().clone()),
         health,

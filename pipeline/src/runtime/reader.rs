@@ -569,13 +569,17 @@ impl<P: Processor> Reader<P> {
                 shared: shared.clone(),
             })
             .with_context(|| format!("creating the consumer of {}", shared.spec.topic))?;
-        let dlq: FutureProducer = chatpipe_core::kafka::producer_config(&brokers)
-            .set(
-                "message.timeout.ms",
-                shared.spec.settings.dead_letter_timeout_ms.to_string(),
-            )
-            .create()
-            .context("creating the dead-letter producer")?;
+        // It reaches the cluster the way the consumer does (TLS, SASL).
+        let dlq: FutureProducer = chatpipe_core::kafka::apply(
+            chatpipe_core::kafka::producer_config(&brokers),
+            &chatpipe_core::kafka::transport_of(&config),
+        )
+        .set(
+            "message.timeout.ms",
+            shared.spec.settings.dead_letter_timeout_ms.to_string(),
+        )
+        .create()
+        .context("creating the dead-letter producer")?;
         let backoff = Backoff::new(&shared.spec.settings);
         let spec_fetch_check = shared.spec.settings.fetch_check();
         let reader = Self {
