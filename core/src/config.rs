@@ -56,6 +56,33 @@ pub struct RegistrySettings {
     /// The subject of the chat.events value schema (TopicNameStrategy: `<topic>-value`).
     #[serde(default = "default_events_subject")]
     pub events_subject: String,
+    /// A CA (PEM) to trust for an `https://` registry, besides the system's.
+    #[serde(default)]
+    pub ca_file: Option<std::path::PathBuf>,
+    /// HTTP basic credentials, sent with every request.
+    #[serde(default)]
+    pub username: Option<String>,
+    #[serde(default)]
+    pub password: Option<secrecy::SecretString>,
+}
+
+impl RegistrySettings {
+    /// The registry client these settings describe.
+    pub fn connect(
+        &self,
+    ) -> Result<chatpipe_schemas::registry::Registry, chatpipe_schemas::registry::RegistryError>
+    {
+        use secrecy::ExposeSecret;
+        chatpipe_schemas::registry::Registry::with_access(
+            &self.url,
+            std::time::Duration::from_millis(self.timeout_ms),
+            &chatpipe_schemas::registry::Access {
+                ca_file: self.ca_file.clone(),
+                username: self.username.clone(),
+                password: self.password.as_ref().map(|p| p.expose_secret().to_owned()),
+            },
+        )
+    }
 }
 
 fn default_events_subject() -> String {

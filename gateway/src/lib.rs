@@ -130,10 +130,7 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let keys = settings.auth.token_keys()?;
-    let registry = chatpipe_schemas::registry::Registry::new(
-        &settings.registry.url,
-        Duration::from_millis(settings.registry.timeout_ms),
-    )?;
+    let registry = settings.registry.connect()?;
     let codec = registry
         .presence_codec_for(&format!("{}-value", settings.presence.topic))
         .await

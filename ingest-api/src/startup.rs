@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use axum::Router;
-use chatpipe_schemas::registry::Registry;
 use secrecy::ExposeSecret;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
@@ -40,11 +39,10 @@ pub struct Application {
 impl Application {
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
         let keys = settings.auth.token_keys()?;
-        let registry = Registry::new(
-            &settings.registry.url,
-            Duration::from_millis(settings.registry.timeout_ms),
-        )
-        .context("registry.url (SCHEMA_REGISTRY_URL)")?;
+        let registry = settings
+            .registry
+            .connect()
+            .context("registry.url (SCHEMA_REGISTRY_URL)")?;
         // Refuses to start on a schema the registry calls incompatible.
         let codec = registry
             .event_codec_for(&settings.registry.events_subject)

@@ -142,10 +142,7 @@ impl DatabaseSettings {
 impl Settings {
     /// A client of the schema registry (`[registry]`).
     pub fn registry_client(&self) -> anyhow::Result<chatpipe_schemas::registry::Registry> {
-        Ok(chatpipe_schemas::registry::Registry::new(
-            &self.registry.url,
-            std::time::Duration::from_millis(self.registry.timeout_ms),
-        )?)
+        Ok(self.registry.connect()?)
     }
 
     pub fn load(file: Option<&Path>) -> Result<Self, Box<figment::Error>> {

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use chatpipe_schemas::contract::CHAT_EVENTS;
-use chatpipe_schemas::registry::Registry;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::ClientConfig;
@@ -43,7 +42,7 @@ pub async fn run(
     out: &mut impl std::io::Write,
 ) -> anyhow::Result<()> {
     let timeout = Duration::from_millis(settings.registry.timeout_ms);
-    let registry = Registry::new(&settings.registry.url, timeout)?;
+    let registry = settings.registry.connect()?;
     let events = registry.event_decoder();
     let generic = AvroDecoder::new(
         SrSettings::new_builder(settings.registry.url.clone())

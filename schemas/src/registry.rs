@@ -28,6 +28,50 @@ pub enum RegistryError {
     Incompatible { subject: String },
     #[error("setting {COMPATIBILITY} on {subject}: {detail}")]
     Config { subject: String, detail: String },
+    #[error("registry client: {0}")]
+    Client(String),
+}
+
+/// How to reach a registry behind TLS with a private CA, or one that wants credentials
+/// (HTTP basic, as Confluent's and Apicurio's do).
+#[derive(Debug, Clone, Default)]
+pub struct Access {
+    /// PEM file of a CA to trust besides the system's (`https://` URLs).
+    pub ca_file: Option<std::path::PathBuf>,
+    pub username: Option<String>,
+    pub password: Option<String>,
+}
+
+impl Access {
+    /// An HTTP client builder for the registry: the deadline, the extra CA, the
+    /// credentials on every request.
+    fn client(&self, timeout: Duration) -> Result<reqwest::ClientBuilder, RegistryError> {
+        let mut builder = reqwest::Client::builder().timeout(timeout).no_proxy();
+        if let Some(path) = &self.ca_file {
+            let pem = std::fs::read(path).map_err(|e| {
+                RegistryError::Client(format!("reading the CA file {}: {e}", path.display()))
+            })?;
+            let ca = reqwest::Certificate::from_pem(&pem).map_err(|e| {
+                RegistryError::Client(format!("the CA file {}: {e}", path.display()))
+            })?;
+            builder = builder.add_root_certificate(ca);
+        }
+        if let Some(user) = &self.username {
+            use base64::Engine;
+            let pair = format!("{user}:{}", self.password.as_deref().unwrap_or_default());
+            let value = format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(pair)
+            );
+            let mut value = reqwest::header::HeaderValue::from_str(&value)
+                .map_err(|e| RegistryError::Client(format!("registry credentials: {e}")))?;
+            value.set_sensitive(true);
+            let mut headers = reqwest::header::HeaderMap::new();
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+            builder = builder.default_headers(headers);
+        }
+        Ok(builder)
+    }
 }
 
 /// Why a writer schema could not be had, sorted by what a consumer should do about it.
@@ -74,19 +118,28 @@ pub struct Registry {
 
 impl Registry {
     pub fn new(url: &str, timeout: Duration) -> Result<Self, RegistryError> {
+        Self::with_access(url, timeout, &Access::default())
+    }
+
+    /// A registry at `url` (`http://` or `https://`) reached with `access`.
+    pub fn with_access(
+        url: &str,
+        timeout: Duration,
+        access: &Access,
+    ) -> Result<Self, RegistryError> {
         let url = url.trim_end_matches('/').to_owned();
         let settings = SrSettings::new_builder(url.clone())
             .no_proxy()
             .set_timeout(timeout)
-            .build()
+            .build_with(access.client(timeout)?)
             .map_err(|source| RegistryError::Unreachable {
                 url: url.clone(),
                 source,
             })?;
-        let http = reqwest::Client::builder()
-            .timeout(timeout)
+        let http = access
+            .client(timeout)?
             .build()
-            .expect("a plain HTTP client builds");
+            .map_err(|e| RegistryError::Client(error_chain(&e)))?;
         Ok(Self {
             url,
             settings,

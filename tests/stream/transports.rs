@@ -126,3 +126,41 @@ async fn kafka_clients_produce_and_consume_through_the_sasl_ssl_listener() {
         .await;
     assert!(refused.is_err(), "a wrong SASL password was accepted");
 }
+
+#[tokio::test]
+async fn ingest_api_registers_its_schema_with_a_registry_over_https_trusting_the_configured_ca() {
+    let tls_url = stack_var("SCHEMA_REGISTRY_TLS_URL");
+    let ca = stack_var("STACK_TLS_CA");
+    let app = spawn_app_with(|s| {
+        s.registry.url = tls_url.clone();
+        s.registry.ca_file = Some(ca.clone().into());
+    })
+    .await;
+    // It started (it registers the chat.events schema first) and writes events with it.
+    let conv = app.user(10).create_group(&[20]).await;
+    app.user(10).send_message(conv, "schema over https").await;
+    assert!(!app.outbox_events().await.is_empty());
+
+    // Without the CA the same registry is refused: the certificate is checked.
+    let untrusted = chatpipe_schemas::registry::Registry::new(&tls_url, Duration::from_secs(5))
+        .unwrap()
+        .event_codec_for("chat.events-value")
+        .await;
+    let Err(err) = untrusted else {
+        panic!("a registry certificate no trusted CA signed was accepted");
+    };
+    let chain = {
+        let mut text = err.to_string();
+        let mut source = std::error::Error::source(&err);
+        while let Some(s) = source {
+            text.push_str(": ");
+            text.push_str(&s.to_string());
+            source = s.source();
+        }
+        text
+    };
+    assert!(
+        chain.contains("certificate") || chain.contains("UnknownIssuer"),
+        "refused for another reason than the certificate: {chain}"
+    );
+}

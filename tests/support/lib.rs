@@ -22,7 +22,6 @@ use std::time::Duration;
 use chatpipe_core::auth::{unix_now, TokenKeys};
 use chatpipe_core::UserId;
 use chatpipe_schemas::avro::EventCodec;
-use chatpipe_schemas::registry::Registry;
 use chatpipe_schemas::ChatEvent;
 use ingest_api::configuration::{ReadMode, Settings};
 use ingest_api::startup::Application;
@@ -181,7 +180,7 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     adjust(&mut settings);
     // `adjust` may point the app at another app's database (a second process).
     let url = settings.database.url.expose_secret().to_owned();
-    let registry = Registry::new(&settings.registry.url, Duration::from_secs(5)).unwrap();
+    let registry = settings.registry.connect().unwrap();
     let codec = registry
         .event_codec_for(&settings.registry.events_subject)
         .await
