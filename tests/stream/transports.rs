@@ -164,3 +164,50 @@ async fn ingest_api_registers_its_schema_with_a_registry_over_https_trusting_the
         "refused for another reason than the certificate: {chain}"
     );
 }
+
+#[tokio::test]
+async fn ingest_api_reaches_a_registry_that_requires_credentials_and_a_wrong_password_is_refused() {
+    let url = stack_var("SCHEMA_REGISTRY_AUTH_URL");
+    let ca = stack_var("STACK_TLS_CA");
+    let user = stack_var("REGISTRY_AUTH_USER");
+    let password = stack_var("REGISTRY_AUTH_PASSWORD");
+    // registry-auth keeps its schemas in memory: ingest-api registers its schema there as
+    // anywhere, with the credentials on every request.
+    let app = spawn_app_with(|s| {
+        s.registry.url = url.clone();
+        s.registry.ca_file = Some(ca.clone().into());
+        s.registry.username = Some(user.clone());
+        s.registry.password = Some(SecretString::from(password.clone()));
+    })
+    .await;
+    let conv = app.user(10).create_group(&[20]).await;
+    app.user(10).send_message(conv, "with credentials").await;
+    assert!(!app.outbox_events().await.is_empty());
+
+    let access = |password: Option<&str>| chatpipe_schemas::registry::Access {
+        ca_file: Some(ca.clone().into()),
+        username: password.map(|_| user.clone()),
+        password: password.map(str::to_owned),
+    };
+    for (what, access) in [
+        ("a wrong password", access(Some("not-the-password"))),
+        ("no credentials", access(None)),
+    ] {
+        let refused = chatpipe_schemas::registry::Registry::with_access(
+            &url,
+            Duration::from_secs(5),
+            &access,
+        )
+        .unwrap()
+        .event_codec_for("chat.events-value")
+        .await;
+        let Err(err) = refused else {
+            panic!("the registry accepted {what}");
+        };
+        let chain = format!("{err} {:?}", err);
+        assert!(
+            chain.contains("401"),
+            "{what} refused for another reason: {chain}"
+        );
+    }
+}
