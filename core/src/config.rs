@@ -89,6 +89,13 @@ fn default_events_subject() -> String {
     "chat.events-value".into()
 }
 
+/// `[admin]`: the operators' listener of a service (`/metrics`, `/readyz` with the cause).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminSettings {
+    pub addr: std::net::SocketAddr,
+}
+
 /// `[kafka]` of the services that only need to find the brokers.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

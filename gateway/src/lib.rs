@@ -51,7 +51,7 @@ const TOKEN_PROTOCOL_PREFIX: &str = "bearer.";
 #[serde(deny_unknown_fields)]
 pub struct Settings {
     pub http: HttpSettings,
-    pub admin: AdminSettings,
+    pub admin: chatpipe_core::config::AdminSettings,
     pub gateway: GatewaySettings,
     pub auth: AuthSettings,
     pub sessions: SessionSettings,
@@ -90,13 +90,6 @@ pub struct HttpSettings {
     pub addr: SocketAddr,
     pub header_read_timeout_ms: u64,
     pub max_connections: usize,
-}
-
-/// `[admin]`: the operators' listener (`/metrics`, `/readyz` with each reader's state).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AdminSettings {
-    pub addr: SocketAddr,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -28,7 +28,7 @@ const ALIASES: &[(&str, &str)] = &[
 #[serde(deny_unknown_fields)]
 pub struct Settings {
     pub http: HttpSettings,
-    pub admin: AdminSettings,
+    pub admin: chatpipe_core::config::AdminSettings,
     pub database: DatabaseSettings,
     pub auth: AuthSettings,
     pub limits: Limits,
@@ -75,13 +75,6 @@ pub struct HttpSettings {
     pub shutdown_grace_ms: u64,
     pub header_read_timeout_ms: u64,
     pub max_connections: usize,
-}
-
-/// `[admin]`: the operators' listener (`/metrics`, `/readyz` with the cause).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AdminSettings {
-    pub addr: SocketAddr,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -32,22 +32,7 @@ pub(crate) async fn release(mut conn: sqlx::pool::PoolConnection<sqlx::Postgres>
 
 /// Waits until a session of the app's waits for a lock (the held conversation row).
 pub(crate) async fn until_a_send_waits(app: &TestApp) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity
-              WHERE datname = current_database() AND application_name = 'ingest-api'
-                AND wait_event_type = 'Lock'",
-        )
-        .fetch_one(&app.pool)
-        .await
-        .unwrap();
-        if waiting > 0 {
-            return;
-        }
-        assert!(Instant::now() < deadline, "no send waits for the row lock");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    chatpipe_tests::until_lock_waiters(app, 1).await;
 }
 
 /// The sum of a counter's samples in the app's /metrics (shared by every app of this

@@ -2,36 +2,13 @@
 //! the removal or is refused, never after it. chat.events (commit order per
 //! conversation) is where a consumer would see it.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chatpipe_schemas::ChatEvent;
 use chatpipe_tests::stream::spawn_pipeline;
-use chatpipe_tests::TestApp;
+use chatpipe_tests::until_lock_waiters;
 use futures::future::join_all;
 use serde_json::json;
-
-/// Waits until `n` sessions of the app wait for a lock.
-async fn until_lock_waiters(app: &TestApp, n: i64) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity
-              WHERE datname = current_database() AND application_name = 'ingest-api'
-                AND wait_event_type = 'Lock'",
-        )
-        .fetch_one(&app.pool)
-        .await
-        .unwrap();
-        if waiting >= n {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{waiting} of {n} sessions wait for the lock"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 #[tokio::test]
 async fn sends_and_adds_racing_the_senders_removal_commit_before_member_left_or_are_refused() {

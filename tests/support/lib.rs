@@ -514,3 +514,27 @@ pub async fn until_closed(sockets: Vec<tokio::net::TcpStream>, deadline: Duratio
         total - closed
     );
 }
+
+/// Waits until at least `n` sessions of the app's ingest-api wait for a lock (a row the
+/// test holds, say); fails at 20 s saying how many do.
+pub async fn until_lock_waiters(app: &TestApp, n: i64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE datname = current_database() AND application_name = 'ingest-api'
+                AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&app.pool)
+        .await
+        .expect("reading pg_stat_activity");
+        if waiting >= n {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{waiting} of {n} sessions wait for a lock"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
