@@ -183,19 +183,29 @@ async fn a_connection_over_the_cap_is_answered_503_with_retry_after_and_closed()
     let holders = slow_header_sockets(&addr, 3).await;
     // The accept loop takes them in order: once they are in, the fourth is refused.
     let http = unpooled();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let refused = loop {
-        let res = http
-            .get(format!("{}/inbox", app.base))
-            .bearer_auth(app.token(10))
-            .send()
-            .await
-            .unwrap();
-        if res.status() == 503 {
-            break res;
+    let inbox_until = |status: u16| {
+        let (http, app) = (&http, &app);
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let res = http
+                    .get(format!("{}/inbox", app.base))
+                    .bearer_auth(app.token(10))
+                    .send()
+                    .await
+                    .unwrap();
+                if res.status() == status {
+                    return res;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "still {} instead of {status}",
+                    res.status()
+                );
+            }
         }
-        assert!(Instant::now() < deadline, "never refused: {}", res.status());
     };
+    let refused = inbox_until(503).await;
     assert_eq!(refused.headers()["retry-after"], "1");
     assert_eq!(
         refused.headers()["content-type"],
@@ -205,19 +215,7 @@ async fn a_connection_over_the_cap_is_answered_503_with_retry_after_and_closed()
     assert_eq!(problem["type"], "/problems/unavailable");
     // When the slow sockets have been closed, there is room again.
     until_closed(holders, Duration::from_secs(10)).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let res = http
-            .get(format!("{}/inbox", app.base))
-            .bearer_auth(app.token(10))
-            .send()
-            .await
-            .unwrap();
-        if res.status() == 200 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "still refused: {}", res.status());
-    }
+    inbox_until(200).await;
     let refusals = metric_sum(&app.metrics().await, "http_connections_refused_total", &[]);
     assert!(refusals.unwrap_or(0.0) >= 1.0);
 }
