@@ -12,8 +12,8 @@ use chrono::{DateTime, Utc};
 use schema_registry_converter::schema_registry_common::get_payload;
 
 use crate::{
-    ChatEvent, ConversationCreated, MemberJoined, MemberLeft, MemberRoleChanged, MessageNew,
-    ReadUpdated, Role,
+    ChatEvent, ConversationCreated, MemberJoined, MemberLeft, MemberRoleChanged, MessageEdited,
+    MessageNew, ReadUpdated, Role,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -100,6 +100,7 @@ const CONVERSATION_CREATED: u32 = 2;
 const MEMBER_JOINED: u32 = 3;
 const MEMBER_LEFT: u32 = 4;
 const MEMBER_ROLE_CHANGED: u32 = 5;
+const MESSAGE_EDITED: u32 = 6;
 
 impl EventCodec {
     pub fn new(schema_id: u32) -> Self {
@@ -269,6 +270,15 @@ pub fn to_value(event: &ChatEvent) -> Value {
             record(vec![
                 ("userId", long(e.user_id)),
                 ("removedBy", long(e.removed_by)),
+            ]),
+        ),
+        ChatEvent::MessageEdited(e) => (
+            &e.edited_at,
+            MESSAGE_EDITED,
+            record(vec![
+                ("seq", long(e.seq)),
+                ("senderId", long(e.sender_id)),
+                ("body", Value::String(e.body.clone())),
             ]),
         ),
         ChatEvent::MemberRoleChanged(e) => (
@@ -530,6 +540,13 @@ pub fn from_value(value: Value) -> Result<ChatEvent, CodecError> {
             removed_by: p.id("removedBy")?,
             occurred_at,
         }),
+        "message.edited" => ChatEvent::MessageEdited(MessageEdited {
+            conversation_id,
+            seq: p.id("seq")?,
+            sender_id: p.id("senderId")?,
+            body: p.string("body")?,
+            edited_at: occurred_at,
+        }),
         "member.role_changed" => ChatEvent::MemberRoleChanged(MemberRoleChanged {
             conversation_id,
             user_id: p.id("userId")?,
@@ -595,6 +612,13 @@ mod tests {
                 added_by: UserId::of(10),
                 role: Role::Admin,
                 occurred_at: at(),
+            }),
+            ChatEvent::MessageEdited(MessageEdited {
+                conversation_id: ConversationId::of(7),
+                seq: Seq::of(42),
+                sender_id: UserId::of(10),
+                body: "Hallo Gruppe 👋 (bearbeitet)".into(),
+                edited_at: at(),
             }),
             ChatEvent::MemberRoleChanged(MemberRoleChanged {
                 conversation_id: ConversationId::of(7),

@@ -39,6 +39,8 @@ pub enum ChatEvent {
     MemberRoleChanged(MemberRoleChanged),
     #[serde(rename = "message.new")]
     MessageNew(MessageNew),
+    #[serde(rename = "message.edited")]
+    MessageEdited(MessageEdited),
     #[serde(rename = "read.updated")]
     ReadUpdated(ReadUpdated),
 }
@@ -128,6 +130,17 @@ pub struct MessageNew {
     pub created_at: DateTime<Utc>,
 }
 
+/// A message's sender replaced its body; its seq and place stay.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MessageEdited {
+    pub conversation_id: ConversationId,
+    pub seq: Seq,
+    pub sender_id: UserId,
+    pub body: String,
+    pub edited_at: DateTime<Utc>,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ReadUpdated {
@@ -146,6 +159,7 @@ impl ChatEvent {
             Self::MemberLeft(_) => "member.left",
             Self::MemberRoleChanged(_) => "member.role_changed",
             Self::MessageNew(_) => "message.new",
+            Self::MessageEdited(_) => "message.edited",
             Self::ReadUpdated(_) => "read.updated",
         }
     }
@@ -158,6 +172,7 @@ impl ChatEvent {
             Self::MemberLeft(e) => e.conversation_id,
             Self::MemberRoleChanged(e) => e.conversation_id,
             Self::MessageNew(e) => e.conversation_id,
+            Self::MessageEdited(e) => e.conversation_id,
             Self::ReadUpdated(e) => e.conversation_id,
         }
     }

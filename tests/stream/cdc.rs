@@ -370,3 +370,53 @@ async fn a_send_rolled_back_at_commit_leaves_no_event_and_no_gap() {
     assert_eq!(bodies, vec!["after"], "no event of the rolled-back send");
     p.cleanup().await;
 }
+
+#[tokio::test]
+async fn an_edit_reaches_chat_events_after_its_message_with_the_new_body() {
+    let p = spawn_pipeline().await;
+    let conv = p.app.user(10).create_group(&[20]).await;
+    let seq = p.app.user(10).send_message(conv, "first draft").await;
+    p.app
+        .user(10)
+        .patch(
+            &format!("/conversations/{conv}/messages/{seq}"),
+            serde_json::json!({"body": "final"}),
+        )
+        .await
+        .expect(200);
+    let key = conv.to_string();
+    let records = p
+        .consume_until(Duration::from_secs(60), |rs| {
+            rs.iter()
+                .any(|r| r.key == key && matches!(r.event, ChatEvent::MessageEdited(_)))
+        })
+        .await;
+    let mine: Vec<&ChatEvent> = records
+        .iter()
+        .filter(|r| r.key == key)
+        .map(|r| &r.event)
+        .collect();
+    let new_at = mine
+        .iter()
+        .position(|e| matches!(e, ChatEvent::MessageNew(m) if m.seq.get() == seq))
+        .expect("message.new");
+    let edit_at = mine
+        .iter()
+        .position(|e| matches!(e, ChatEvent::MessageEdited(_)))
+        .unwrap();
+    assert!(new_at < edit_at, "the edit follows its message");
+    match mine[edit_at] {
+        ChatEvent::MessageEdited(e) => {
+            assert_eq!((e.seq.get(), e.sender_id.get()), (seq, 10));
+            assert_eq!(e.body, "final");
+        }
+        _ => unreachable!(),
+    }
+    let header = records
+        .iter()
+        .find(|r| r.key == key && matches!(r.event, ChatEvent::MessageEdited(_)))
+        .and_then(|r| r.headers.get("eventType"))
+        .cloned();
+    assert_eq!(header.as_deref(), Some("message.edited"));
+    p.cleanup().await;
+}

@@ -1,12 +1,13 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
+use chatpipe_core::{ConversationId, Seq};
 use serde::Deserialize;
 use uuid::Uuid;
 
 use crate::domain::{page_limit, MessageBody};
 use crate::error::ApiError;
-use crate::extract::{Caller, ConversationPath, Json, Query};
+use crate::extract::{Caller, ConversationPath, Json, PathParams, Query};
 use crate::rate::Kind;
 use crate::state::AppState;
 use crate::store::messages::{self as store, Page};
@@ -46,6 +47,27 @@ pub struct HistoryQuery {
     before_seq: Option<i64>,
     after_seq: Option<i64>,
     limit: Option<i64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct EditMessage {
+    body: String,
+}
+
+/// `PATCH /conversations/{id}/messages/{seq}` `{body}`: the sender replaces the body.
+pub async fn edit(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    path: PathParams,
+    Json(req): Json<EditMessage>,
+) -> Result<impl IntoResponse, ApiError> {
+    state.rate.check(Kind::Send, caller)?;
+    let conversation: ConversationId = path.get("id")?;
+    let seq: Seq = path.get("seq")?;
+    let body = MessageBody::parse(req.body, &state.limits)?;
+    let edited = store::edit(&state.store, conversation, caller, seq, body.as_str()).await?;
+    Ok(axum::Json(edited))
 }
 
 /// `GET /conversations/{id}/messages?beforeSeq=&afterSeq=&limit=`

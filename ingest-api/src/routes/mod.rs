@@ -43,6 +43,10 @@ pub fn router(state: AppState, request_timeout: Duration) -> Router {
         )
         .route("/conversations/{id}/read", post(reads::mark_read))
         .route(
+            "/conversations/{id}/messages/{seq}",
+            axum::routing::patch(messages::edit),
+        )
+        .route(
             "/conversations/{id}/messages/{seq}/receipts",
             get(reads::receipts),
         )

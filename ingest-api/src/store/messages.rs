@@ -1,6 +1,7 @@
-//! History paging. Sending is in [`super::send`].
+//! History paging and edits. Sending is in [`super::send`].
 
-use chatpipe_core::{ConversationId, UserId};
+use chatpipe_core::{ConversationId, Seq, UserId};
+use chatpipe_schemas::{ChatEvent, MessageEdited};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
@@ -15,6 +16,9 @@ pub struct HistoryMessage {
     pub client_msg_id: Uuid,
     pub body: String,
     pub created_at: DateTime<Utc>,
+    /// When the body was last replaced; absent if never.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub edited_at: Option<DateTime<Utc>>,
 }
 
 /// Where a history page starts.
@@ -72,7 +76,84 @@ pub async fn history(
     })
 }
 
-const DESCENDING: &str = "SELECT seq, sender_id, client_msg_id, body, created_at FROM message
+const DESCENDING: &str =
+    "SELECT seq, sender_id, client_msg_id, body, created_at, edited_at FROM message
                            WHERE conversation_id = $1 AND seq < $2 ORDER BY seq DESC LIMIT $3";
-const ASCENDING: &str = "SELECT seq, sender_id, client_msg_id, body, created_at FROM message
+const ASCENDING: &str =
+    "SELECT seq, sender_id, client_msg_id, body, created_at, edited_at FROM message
                           WHERE conversation_id = $1 AND seq > $2 ORDER BY seq ASC LIMIT $3";
+
+/// An edited message, as the edit answers it.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Edited {
+    pub conversation_id: ConversationId,
+    #[serde(flatten)]
+    pub message: HistoryMessage,
+}
+
+/// Replaces the body of message `seq` of `conversation`: only its sender may (403 for
+/// another member; 404 for a non-member, as everywhere, and for a seq with no message).
+/// Writes `message.edited` in the same transaction.
+pub async fn edit(
+    db: &Store,
+    conversation: ConversationId,
+    caller: UserId,
+    seq: Seq,
+    body: &str,
+) -> Result<Edited, StoreError> {
+    let mut tx = db.pool.begin().await?;
+    // The message row first, locked: concurrent edits of one message apply in turn.
+    let sender: Option<i64> = sqlx::query_scalar(
+        "SELECT sender_id FROM message WHERE conversation_id = $1 AND seq = $2 FOR UPDATE",
+    )
+    .bind(conversation.get())
+    .bind(seq.get())
+    .fetch_optional(&mut *tx)
+    .await?;
+    // Membership asked after the lock (a fresh snapshot): a sender removed meanwhile
+    // edits nothing.
+    let member: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM conversation_member
+                         WHERE conversation_id = $1 AND user_id = $2)",
+    )
+    .bind(conversation.get())
+    .bind(caller.get())
+    .fetch_one(&mut *tx)
+    .await?;
+    if !member {
+        return Err(StoreError::conversation_not_found());
+    }
+    match sender {
+        None => return Err(StoreError::NotFound { what: "message" }),
+        Some(sender) if sender != caller.get() => {
+            return Err(StoreError::Forbidden {
+                detail: "only a message's sender may edit it".into(),
+            })
+        }
+        Some(_) => {}
+    }
+    let message: HistoryMessage = sqlx::query_as(
+        "UPDATE message SET body = $3, edited_at = now()
+          WHERE conversation_id = $1 AND seq = $2
+          RETURNING seq, sender_id, client_msg_id, body, created_at, edited_at",
+    )
+    .bind(conversation.get())
+    .bind(seq.get())
+    .bind(body)
+    .fetch_one(&mut *tx)
+    .await?;
+    let event = ChatEvent::MessageEdited(MessageEdited {
+        conversation_id: conversation,
+        seq,
+        sender_id: caller,
+        body: message.body.clone(),
+        edited_at: message.edited_at.unwrap_or(message.created_at),
+    });
+    db.outbox.write(&mut tx, &[event]).await?;
+    tx.commit().await?;
+    Ok(Edited {
+        conversation_id: conversation,
+        message,
+    })
+}

@@ -85,7 +85,8 @@ impl Ledger {
             }
             ChatEvent::MemberJoined(_)
             | ChatEvent::MemberLeft(_)
-            | ChatEvent::MemberRoleChanged(_) => Finding::Fine,
+            | ChatEvent::MemberRoleChanged(_)
+            | ChatEvent::MessageEdited(_) => Finding::Fine,
         }
     }
 

@@ -221,6 +221,9 @@ impl Fanout {
                 }
                 return Ok(());
             }
+            // Not pushed yet: clients see edits in history (the push frames come with
+            // deletes, issue 14).
+            ChatEvent::MessageEdited(_) => return Ok(()),
             ChatEvent::MessageNew(_) | ChatEvent::ReadUpdated(_) => {
                 if self.members.knows(conversation) {
                     self.members.touch(conversation);
