@@ -62,10 +62,14 @@ struct Limiter {
     limiter: DefaultKeyedRateLimiter<UserId>,
 }
 
-/// The three limiters; cheap to clone.
+/// The three limiters (`None`: that kind is not limited); cheap to clone.
 #[derive(Clone)]
-pub struct RateLimits {
-    limiters: Arc<[Option<Limiter>; 3]>,
+pub struct RateLimits(Arc<Limiters>);
+
+struct Limiters {
+    sends: Option<Limiter>,
+    creates: Option<Limiter>,
+    member_changes: Option<Limiter>,
 }
 
 impl RateLimits {
@@ -80,26 +84,24 @@ impl RateLimits {
                 limiter: governor::RateLimiter::keyed(quota),
             })
         };
-        Self {
-            limiters: Arc::new([
-                limiter(settings.sends),
-                limiter(settings.creates),
-                limiter(settings.member_changes),
-            ]),
-        }
+        Self(Arc::new(Limiters {
+            sends: limiter(settings.sends),
+            creates: limiter(settings.creates),
+            member_changes: limiter(settings.member_changes),
+        }))
     }
 
-    fn index(kind: Kind) -> usize {
+    fn limiter(&self, kind: Kind) -> Option<&Limiter> {
         match kind {
-            Kind::Send => 0,
-            Kind::Create => 1,
-            Kind::MemberChange => 2,
+            Kind::Send => self.0.sends.as_ref(),
+            Kind::Create => self.0.creates.as_ref(),
+            Kind::MemberChange => self.0.member_changes.as_ref(),
         }
     }
 
     /// Takes one token from `user`'s `kind` bucket, or says when one will be there.
     pub fn check(&self, kind: Kind, user: UserId) -> Result<(), ApiError> {
-        let Some(l) = &self.limiters[Self::index(kind)] else {
+        let Some(l) = self.limiter(kind) else {
             return Ok(());
         };
         match l.limiter.check_key(&user) {
@@ -125,7 +127,7 @@ impl RateLimits {
     /// Forgets users whose buckets are full again; sets `rate_limit_users{kind}`.
     pub fn sweep(&self) {
         for kind in [Kind::Send, Kind::Create, Kind::MemberChange] {
-            if let Some(l) = &self.limiters[Self::index(kind)] {
+            if let Some(l) = self.limiter(kind) {
                 l.limiter.retain_recent();
                 l.limiter.shrink_to_fit();
                 metrics::gauge!("rate_limit_users", "kind" => kind.label())

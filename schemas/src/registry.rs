@@ -42,20 +42,41 @@ pub struct Access {
     pub password: Option<String>,
 }
 
-impl Access {
-    /// An HTTP client builder for the registry: the deadline, the extra CA, the
-    /// credentials on every request.
-    fn client(&self, timeout: Duration) -> Result<reqwest::ClientBuilder, RegistryError> {
-        let mut builder = reqwest::Client::builder().timeout(timeout).no_proxy();
-        if let Some(path) = &self.ca_file {
-            let pem = std::fs::read(path).map_err(|e| {
-                RegistryError::Client(format!("reading the CA file {}: {e}", path.display()))
-            })?;
-            let ca = reqwest::Certificate::from_pem(&pem).map_err(|e| {
-                RegistryError::Client(format!("the CA file {}: {e}", path.display()))
-            })?;
-            builder = builder.add_root_certificate(ca);
+/// What every HTTP client of one registry is built with: the CA (read once) and the
+/// credentials.
+struct ClientParts {
+    ca: Option<reqwest::Certificate>,
+    headers: reqwest::header::HeaderMap,
+}
+
+impl ClientParts {
+    /// A client builder with the deadline, the extra CA and the credentials.
+    fn builder(&self, timeout: Duration) -> reqwest::ClientBuilder {
+        let mut builder = reqwest::Client::builder()
+            .timeout(timeout)
+            .no_proxy()
+            .default_headers(self.headers.clone());
+        if let Some(ca) = &self.ca {
+            builder = builder.add_root_certificate(ca.clone());
         }
+        builder
+    }
+}
+
+impl Access {
+    fn parts(&self) -> Result<ClientParts, RegistryError> {
+        let ca = match &self.ca_file {
+            None => None,
+            Some(path) => {
+                let pem = std::fs::read(path).map_err(|e| {
+                    RegistryError::Client(format!("reading the CA file {}: {e}", path.display()))
+                })?;
+                Some(reqwest::Certificate::from_pem(&pem).map_err(|e| {
+                    RegistryError::Client(format!("the CA file {}: {e}", path.display()))
+                })?)
+            }
+        };
+        let mut headers = reqwest::header::HeaderMap::new();
         if let Some(user) = &self.username {
             use base64::Engine;
             let pair = format!("{user}:{}", self.password.as_deref().unwrap_or_default());
@@ -66,11 +87,9 @@ impl Access {
             let mut value = reqwest::header::HeaderValue::from_str(&value)
                 .map_err(|e| RegistryError::Client(format!("registry credentials: {e}")))?;
             value.set_sensitive(true);
-            let mut headers = reqwest::header::HeaderMap::new();
             headers.insert(reqwest::header::AUTHORIZATION, value);
-            builder = builder.default_headers(headers);
         }
-        Ok(builder)
+        Ok(ClientParts { ca, headers })
     }
 }
 
@@ -128,16 +147,17 @@ impl Registry {
         access: &Access,
     ) -> Result<Self, RegistryError> {
         let url = url.trim_end_matches('/').to_owned();
+        let parts = access.parts()?;
         let settings = SrSettings::new_builder(url.clone())
             .no_proxy()
             .set_timeout(timeout)
-            .build_with(access.client(timeout)?)
+            .build_with(parts.builder(timeout))
             .map_err(|source| RegistryError::Unreachable {
                 url: url.clone(),
                 source,
             })?;
-        let http = access
-            .client(timeout)?
+        let http = parts
+            .builder(timeout)
             .build()
             .map_err(|e| RegistryError::Client(error_chain(&e)))?;
         Ok(Self {

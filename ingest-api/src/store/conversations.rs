@@ -176,17 +176,13 @@ async fn find_direct(
     .await
 }
 
-/// What the membership lock returns: the conversation row, locked `FOR UPDATE`, if the
-/// caller is a member.
-#[derive(sqlx::FromRow)]
+/// What the membership lock returns: the conversation row, locked `FOR UPDATE`, and the
+/// caller's role in it.
 struct Locked {
-    #[sqlx(rename = "type")]
     kind: ConversationKind,
     last_seq: i64,
     member_count: i32,
-    /// The caller's role (set from the second statement).
-    #[sqlx(skip)]
-    caller_role: Option<Role>,
+    caller_role: Role,
 }
 
 /// Two statements on purpose. A statement reads with the snapshot it started with, and a
@@ -199,7 +195,7 @@ async fn lock_as_member(
     conversation: ConversationId,
     caller: UserId,
 ) -> Result<Locked, StoreError> {
-    let locked: Option<Locked> = sqlx::query_as(
+    let locked: Option<(ConversationKind, i64, i32)> = sqlx::query_as(
         "SELECT c.type, c.last_seq, c.member_count
            FROM conversation c WHERE c.id = $1 FOR UPDATE",
     )
@@ -214,9 +210,11 @@ async fn lock_as_member(
     .fetch_optional(conn)
     .await?;
     match (locked, role) {
-        (Some(locked), Some(role)) => Ok(Locked {
-            caller_role: Some(role.parse().map_err(StoreError::corrupt)?),
-            ..locked
+        (Some((kind, last_seq, member_count)), Some(role)) => Ok(Locked {
+            kind,
+            last_seq,
+            member_count,
+            caller_role: role.parse().map_err(StoreError::corrupt)?,
         }),
         _ => Err(StoreError::conversation_not_found()),
     }
@@ -224,7 +222,7 @@ async fn lock_as_member(
 
 /// Refuses a caller who is not an admin of the group.
 fn require_admin(locked: &Locked, what: &str) -> Result<(), StoreError> {
-    if locked.caller_role == Some(Role::Admin) {
+    if locked.caller_role == Role::Admin {
         Ok(())
     } else {
         Err(StoreError::Forbidden {
