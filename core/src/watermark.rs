@@ -6,6 +6,9 @@
 //! that would not move is not touched. The statement returns exactly the rows that
 //! moved, which are the ones that get a `read.updated` event. Replaying a batch changes
 //! nothing, which is what makes at-least-once delivery of receipts harmless.
+//!
+//! A move also adds the deleted seqs it passes over to the member's `deleted_read`, which
+//! keeps unread counts exact under deletes without counting rows at read time.
 
 use chatpipe_schemas::{ChatEvent, ConversationId, ReadUpdated, Seq, UserId, Watermark};
 use chrono::{DateTime, Utc};
@@ -48,9 +51,21 @@ pub async fn advance(
     let conversations: Vec<i64> = marks.iter().map(|((c, _), _)| c.get()).collect();
     let users: Vec<i64> = marks.iter().map(|((_, u), _)| u.get()).collect();
     let seqs: Vec<i64> = marks.iter().map(|(_, s)| s.get()).collect();
+    // The conversations' delete locks, shared, before the UPDATE takes its snapshot: a
+    // delete in flight commits first, and the count below sees it (migration
+    // 20261201000007). Shared locks do not wait for each other.
+    sqlx::query("SELECT pg_advisory_xact_lock_shared(c) FROM unnest($1::bigint[]) AS c")
+        .bind(&conversations)
+        .execute(&mut *conn)
+        .await?;
     let mut moved: Vec<(i64, i64, i64)> = sqlx::query_as(
         "UPDATE conversation_member m
-            SET last_read_seq = LEAST(b.seq, c.last_seq)
+            SET last_read_seq = LEAST(b.seq, c.last_seq),
+                deleted_read = m.deleted_read + (
+                    SELECT count(*) FROM message d
+                     WHERE d.conversation_id = m.conversation_id AND d.deleted_at IS NOT NULL
+                       AND d.seq > m.last_read_seq AND d.seq <= LEAST(b.seq, c.last_seq)),
+                changed_xid = pg_current_xact_id()
            FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS b(conversation_id, user_id, seq)
            JOIN conversation c ON c.id = b.conversation_id
           WHERE m.conversation_id = b.conversation_id

@@ -2,10 +2,15 @@
 """Read chat.events with Confluent's standard Avro deserializer (confluent-kafka).
 
     pip install -r docs/examples/requirements.txt
-    python3 docs/examples/consume_chat_events.py [--from-beginning] [--max N] [--idle-timeout S]
+    python3 docs/examples/consume_chat_events.py [--from-beginning] [--max N] [--idle-timeout S] [--print-messages]
 
 Nothing here knows chatpipe: the schema comes from the registry by the id in each
 record (Confluent wire format), the key is a plain string. Dedupe as docs/topics.md says.
+
+It also keeps what a downstream copy of the messages must keep (`Messages`): the latest
+body of each message, edits applied, and deleted messages as tombstones whose body is
+dropped and stays dropped, even when an at-least-once replay of their message.new or
+message.edited comes by again. `--print-messages` prints that copy at the end.
 """
 import argparse
 import json
@@ -19,6 +24,41 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 
+class Messages:
+    """Each message's body by (conversationId, seq), as chat.events says it is now."""
+
+    def __init__(self):
+        self.bodies = {}
+        self.deleted = set()  # tombstones: these bodies were erased and must stay gone
+
+    def apply(self, event) -> bool:
+        """Applies one event; False for an at-least-once duplicate of a message.new."""
+        kind, payload = event["type"], event["payload"]
+        if kind not in ("message.new", "message.edited", "message.deleted"):
+            return True
+        key = (event["conversationId"], payload["seq"])
+        if kind == "message.new":
+            if key in self.bodies or key in self.deleted:
+                return False
+            self.bodies[key] = payload["body"]
+        elif kind == "message.edited":
+            if key not in self.deleted:
+                self.bodies[key] = payload["body"]
+        else:
+            self.bodies.pop(key, None)
+            self.deleted.add(key)
+        return True
+
+    def rows(self):
+        for key in sorted(self.bodies.keys() | self.deleted):
+            row = {"conversationId": key[0], "seq": key[1]}
+            if key in self.deleted:
+                row["deleted"] = True
+            else:
+                row["body"] = self.bodies[key]
+            yield row
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--brokers", default=os.environ.get("KAFKA_BROKERS", "127.0.0.1:9092"))
@@ -28,6 +68,8 @@ def main() -> int:
     ap.add_argument("--from-beginning", action="store_true")
     ap.add_argument("--max", type=int, default=0, help="stop after N records (0: never)")
     ap.add_argument("--idle-timeout", type=float, default=0, help="stop after S idle seconds (0: never)")
+    ap.add_argument("--print-messages", action="store_true",
+                    help="at the end, print every message as edits and deletes left it")
     args = ap.parse_args()
 
     # The client waits forever by default: bound each registry call and retry it, so a
@@ -41,7 +83,7 @@ def main() -> int:
         "enable.auto.commit": False,
     })
     consumer.subscribe([args.topic])
-    seen_messages = set()  # (conversationId, seq): the dedupe key of message.new
+    messages = Messages()
     printed = idle = 0
     try:
         while not args.max or printed < args.max:
@@ -60,16 +102,16 @@ def main() -> int:
             except Exception as err:  # not ours to fix here: report it and keep reading
                 print(f"undecodable record at {msg.partition()}/{msg.offset()}: {err!r}", file=sys.stderr)
                 continue
-            if event["type"] == "message.new":
-                key = (event["conversationId"], event["payload"]["seq"])
-                if key in seen_messages:
-                    continue  # an at-least-once duplicate
-                seen_messages.add(key)
+            if not messages.apply(event):
+                continue  # an at-least-once duplicate
             print(json.dumps({"key": msg.key().decode(), "partition": msg.partition(),
                               "offset": msg.offset(), "event": event}, default=str), flush=True)
             printed += 1
     finally:
         consumer.close()
+    if args.print_messages:
+        for row in messages.rows():
+            print(json.dumps({"message": row}), flush=True)
     return 0
 
 

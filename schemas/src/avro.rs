@@ -12,8 +12,8 @@ use chrono::{DateTime, Utc};
 use schema_registry_converter::schema_registry_common::get_payload;
 
 use crate::{
-    ChatEvent, ConversationCreated, MemberJoined, MemberLeft, MemberRoleChanged, MessageEdited,
-    MessageNew, ReadUpdated, Role,
+    ChatEvent, ConversationCreated, MemberJoined, MemberLeft, MemberRoleChanged, MessageDeleted,
+    MessageEdited, MessageNew, ReadUpdated, Role,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -101,6 +101,7 @@ const MEMBER_JOINED: u32 = 3;
 const MEMBER_LEFT: u32 = 4;
 const MEMBER_ROLE_CHANGED: u32 = 5;
 const MESSAGE_EDITED: u32 = 6;
+const MESSAGE_DELETED: u32 = 7;
 
 impl EventCodec {
     pub fn new(schema_id: u32) -> Self {
@@ -279,6 +280,15 @@ pub fn to_value(event: &ChatEvent) -> Value {
                 ("seq", long(e.seq)),
                 ("senderId", long(e.sender_id)),
                 ("body", Value::String(e.body.clone())),
+            ]),
+        ),
+        ChatEvent::MessageDeleted(e) => (
+            &e.deleted_at,
+            MESSAGE_DELETED,
+            record(vec![
+                ("seq", long(e.seq)),
+                ("senderId", long(e.sender_id)),
+                ("deletedBy", long(e.deleted_by)),
             ]),
         ),
         ChatEvent::MemberRoleChanged(e) => (
@@ -547,6 +557,13 @@ pub fn from_value(value: Value) -> Result<ChatEvent, CodecError> {
             body: p.string("body")?,
             edited_at: occurred_at,
         }),
+        "message.deleted" => ChatEvent::MessageDeleted(MessageDeleted {
+            conversation_id,
+            seq: p.id("seq")?,
+            sender_id: p.id("senderId")?,
+            deleted_by: p.id("deletedBy")?,
+            deleted_at: occurred_at,
+        }),
         "member.role_changed" => ChatEvent::MemberRoleChanged(MemberRoleChanged {
             conversation_id,
             user_id: p.id("userId")?,
@@ -619,6 +636,13 @@ mod tests {
                 sender_id: UserId::of(10),
                 body: "Hallo Gruppe 👋 (bearbeitet)".into(),
                 edited_at: at(),
+            }),
+            ChatEvent::MessageDeleted(MessageDeleted {
+                conversation_id: ConversationId::of(7),
+                seq: Seq::of(42),
+                sender_id: UserId::of(10),
+                deleted_by: UserId::of(20),
+                deleted_at: at(),
             }),
             ChatEvent::MemberRoleChanged(MemberRoleChanged {
                 conversation_id: ConversationId::of(7),

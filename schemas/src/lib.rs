@@ -41,6 +41,8 @@ pub enum ChatEvent {
     MessageNew(MessageNew),
     #[serde(rename = "message.edited")]
     MessageEdited(MessageEdited),
+    #[serde(rename = "message.deleted")]
+    MessageDeleted(MessageDeleted),
     #[serde(rename = "read.updated")]
     ReadUpdated(ReadUpdated),
 }
@@ -141,6 +143,18 @@ pub struct MessageEdited {
     pub edited_at: DateTime<Utc>,
 }
 
+/// A message was deleted, by its sender or a group admin: its body is erased, its seq
+/// stays taken. Carries no body.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MessageDeleted {
+    pub conversation_id: ConversationId,
+    pub seq: Seq,
+    pub sender_id: UserId,
+    pub deleted_by: UserId,
+    pub deleted_at: DateTime<Utc>,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ReadUpdated {
@@ -160,6 +174,7 @@ impl ChatEvent {
             Self::MemberRoleChanged(_) => "member.role_changed",
             Self::MessageNew(_) => "message.new",
             Self::MessageEdited(_) => "message.edited",
+            Self::MessageDeleted(_) => "message.deleted",
             Self::ReadUpdated(_) => "read.updated",
         }
     }
@@ -173,6 +188,7 @@ impl ChatEvent {
             Self::MemberRoleChanged(e) => e.conversation_id,
             Self::MessageNew(e) => e.conversation_id,
             Self::MessageEdited(e) => e.conversation_id,
+            Self::MessageDeleted(e) => e.conversation_id,
             Self::ReadUpdated(e) => e.conversation_id,
         }
     }

@@ -4,6 +4,7 @@ mod auth;
 mod bad_input;
 mod bounds;
 mod conversations;
+mod deletes;
 mod edits;
 mod group_commit;
 mod inbox;

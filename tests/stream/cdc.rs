@@ -245,7 +245,8 @@ async fn pipeline_tail_prints_decoded_events_of_one_conversation_as_json_lines()
 }
 
 /// docs/examples/consume_chat_events.py: Confluent's own Avro deserializer (Python,
-/// confluent-kafka) reads our records with nothing but the registry URL.
+/// confluent-kafka) reads our records with nothing but the registry URL, and its copy
+/// of the messages applies an edit and drops a deleted message's body.
 #[tokio::test]
 async fn a_standard_confluent_deserializer_in_python_reads_chat_events() {
     let python = std::env::var("CHATPIPE_PYTHON").unwrap_or_else(|_| {
@@ -254,10 +255,19 @@ async fn a_standard_confluent_deserializer_in_python_reads_chat_events() {
     let p = spawn_pipeline().await;
     let conv = p.app.user(10).create_group(&[20]).await;
     p.app.user(10).send_message(conv, "hallo python").await;
-    // Wait until the message is on the topic, then let Python read it from the start.
+    let secret = p.app.user(10).send_message(conv, "my pin is 1234").await;
+    let message = format!("/conversations/{conv}/messages");
+    p.app
+        .user(10)
+        .patch(&format!("{message}/1"), serde_json::json!({"body": "hallo, python"}))
+        .await
+        .expect(200);
+    let deleted = p.app.user(10).delete(&format!("{message}/{secret}")).await;
+    assert_eq!(deleted.status, 204);
+    // Wait until the delete is on the topic, then let Python read it from the start.
     p.consume_until(Duration::from_secs(30), |rs| {
         rs.iter()
-            .any(|r| matches!(r.event, ChatEvent::MessageNew(_)))
+            .any(|r| matches!(r.event, ChatEvent::MessageDeleted(_)))
     })
     .await;
 
@@ -272,15 +282,16 @@ async fn a_standard_confluent_deserializer_in_python_reads_chat_events() {
             &p.topic,
             "--from-beginning",
             "--max",
-            "4",
+            "7",
             "--idle-timeout",
             "30",
+            "--print-messages",
         ])
         .env("KAFKA_BROKERS", chatpipe_tests::stream::brokers())
         .env("SCHEMA_REGISTRY_URL", chatpipe_tests::registry_url())
         .kill_on_drop(true)
         .output();
-    // The script stops after 4 records or 30 idle seconds; past 120 s it is stuck.
+    // The script stops after 7 records or 30 idle seconds; past 120 s it is stuck.
     let output = tokio::time::timeout(Duration::from_secs(120), run)
         .await
         .expect("the Python consumer finished within 120 s")
@@ -295,17 +306,37 @@ async fn a_standard_confluent_deserializer_in_python_reads_chat_events() {
         .lines()
         .map(|l| serde_json::from_str(l).expect("a JSON line"))
         .collect();
+    let types: Vec<&str> = lines
+        .iter()
+        .filter_map(|l| l["event"]["type"].as_str())
+        .collect();
     assert_eq!(
-        lines.len(),
-        4,
-        "conversation.created, 2 x member.joined, message.new"
+        types,
+        [
+            "conversation.created",
+            "member.joined",
+            "member.joined",
+            "message.new",
+            "message.new",
+            "message.edited",
+            "message.deleted"
+        ]
     );
     let message = &lines[3]["event"];
-    assert_eq!(message["type"], "message.new");
     assert_eq!(message["conversationId"], conv);
     assert_eq!(message["payload"]["seq"], 1);
     assert_eq!(message["payload"]["body"], "hallo python");
     assert_eq!(lines[3]["key"], conv.to_string());
+    assert!(lines[6]["event"]["payload"].get("body").is_none());
+    // Its copy: the edit applied, the deleted body gone.
+    let copy: Vec<&serde_json::Value> = lines.iter().filter_map(|l| l.get("message")).collect();
+    assert_eq!(
+        copy,
+        [
+            &serde_json::json!({"conversationId": conv, "seq": 1, "body": "hallo, python"}),
+            &serde_json::json!({"conversationId": conv, "seq": secret, "deleted": true}),
+        ]
+    );
     p.cleanup().await;
 }
 
@@ -372,7 +403,7 @@ async fn a_send_rolled_back_at_commit_leaves_no_event_and_no_gap() {
 }
 
 #[tokio::test]
-async fn an_edit_reaches_chat_events_after_its_message_with_the_new_body() {
+async fn an_edit_and_a_delete_reach_chat_events_after_their_message() {
     let p = spawn_pipeline().await;
     let conv = p.app.user(10).create_group(&[20]).await;
     let seq = p.app.user(10).send_message(conv, "first draft").await;
@@ -384,11 +415,17 @@ async fn an_edit_reaches_chat_events_after_its_message_with_the_new_body() {
         )
         .await
         .expect(200);
+    let deleted = p
+        .app
+        .user(10)
+        .delete(&format!("/conversations/{conv}/messages/{seq}"))
+        .await;
+    assert_eq!(deleted.status, 204);
     let key = conv.to_string();
     let records = p
         .consume_until(Duration::from_secs(60), |rs| {
             rs.iter()
-                .any(|r| r.key == key && matches!(r.event, ChatEvent::MessageEdited(_)))
+                .any(|r| r.key == key && matches!(r.event, ChatEvent::MessageDeleted(_)))
         })
         .await;
     let mine: Vec<&ChatEvent> = records
@@ -418,5 +455,20 @@ async fn an_edit_reaches_chat_events_after_its_message_with_the_new_body() {
         .and_then(|r| r.headers.get("eventType"))
         .cloned();
     assert_eq!(header.as_deref(), Some("message.edited"));
+    // The delete after the edit, naming who deleted it and carrying no body.
+    let delete_at = mine
+        .iter()
+        .position(|e| matches!(e, ChatEvent::MessageDeleted(_)))
+        .unwrap();
+    assert!(edit_at < delete_at, "the delete follows the edit");
+    match mine[delete_at] {
+        ChatEvent::MessageDeleted(d) => {
+            assert_eq!(
+                (d.seq.get(), d.sender_id.get(), d.deleted_by.get()),
+                (seq, 10, 10)
+            );
+        }
+        _ => unreachable!(),
+    }
     p.cleanup().await;
 }

@@ -70,6 +70,20 @@ pub async fn edit(
     Ok(axum::Json(edited))
 }
 
+/// `DELETE /conversations/{id}/messages/{seq}`: the sender, or an admin of the group,
+/// erases the body. 204, and 204 again when repeated.
+pub async fn delete(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    path: PathParams,
+) -> Result<impl IntoResponse, ApiError> {
+    state.rate.check(Kind::Send, caller)?;
+    let conversation: ConversationId = path.get("id")?;
+    let seq: Seq = path.get("seq")?;
+    store::delete(&state.store, conversation, caller, seq).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
 /// `GET /conversations/{id}/messages?beforeSeq=&afterSeq=&limit=`
 pub async fn history(
     State(state): State<AppState>,

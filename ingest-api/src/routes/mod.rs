@@ -44,7 +44,7 @@ pub fn router(state: AppState, request_timeout: Duration) -> Router {
         .route("/conversations/{id}/read", post(reads::mark_read))
         .route(
             "/conversations/{id}/messages/{seq}",
-            axum::routing::patch(messages::edit),
+            axum::routing::patch(messages::edit).delete(messages::delete),
         )
         .route(
             "/conversations/{id}/messages/{seq}/receipts",

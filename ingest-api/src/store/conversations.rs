@@ -178,11 +178,11 @@ async fn find_direct(
 
 /// What the membership lock returns: the conversation row, locked `FOR UPDATE`, and the
 /// caller's role in it.
-struct Locked {
-    kind: ConversationKind,
+pub(super) struct Locked {
+    pub(super) kind: ConversationKind,
     last_seq: i64,
     member_count: i32,
-    caller_role: Role,
+    pub(super) caller_role: Role,
 }
 
 /// Two statements on purpose. A statement reads with the snapshot it started with, and a
@@ -190,7 +190,7 @@ struct Locked {
 /// membership test in the locking statement, a caller removed by the transaction that
 /// held the lock still looked like a member, and their change committed after their
 /// `member.left`. Asked after the lock is granted, the membership is as of now.
-async fn lock_as_member(
+pub(super) async fn lock_as_member(
     conn: &mut PgConnection,
     conversation: ConversationId,
     caller: UserId,
@@ -278,11 +278,14 @@ pub async fn add_members(
         // Dropping `tx` rolls the inserts back.
         return Err(member_limit(member_count, max_members));
     }
-    sqlx::query("UPDATE conversation SET member_count = $2 WHERE id = $1")
-        .bind(conversation.get())
-        .bind(member_count as i32)
-        .execute(&mut *tx)
-        .await?;
+    sqlx::query(
+        "UPDATE conversation SET member_count = $2, changed_xid = pg_current_xact_id()
+          WHERE id = $1",
+    )
+    .bind(conversation.get())
+    .bind(member_count as i32)
+    .execute(&mut *tx)
+    .await?;
     let events: Vec<_> = joined_events(conversation, &added, start, caller, None, now()).collect();
     db.outbox.write(&mut tx, &events).await?;
     tx.commit().await?;
@@ -308,8 +311,17 @@ pub async fn remove_member(
         require_admin(&locked, "remove other members")?;
     }
     let removed: Option<String> = sqlx::query_scalar(
-        "DELETE FROM conversation_member WHERE conversation_id = $1 AND user_id = $2
-         RETURNING role",
+        // The departure is what tells the member's other devices, at their next sync,
+        // that the conversation is gone for them.
+        "WITH gone AS (
+              DELETE FROM conversation_member WHERE conversation_id = $1 AND user_id = $2
+              RETURNING user_id, role),
+              departure AS (
+              INSERT INTO conversation_departure (user_id, conversation_id)
+              SELECT user_id, $1 FROM gone
+              ON CONFLICT (user_id, conversation_id)
+              DO UPDATE SET departed_at = now(), changed_xid = pg_current_xact_id())
+         SELECT role FROM gone",
     )
     .bind(conversation.get())
     .bind(user.get())
@@ -318,10 +330,14 @@ pub async fn remove_member(
     let Some(removed_role) = removed else {
         return Err(StoreError::NotFound { what: "member" });
     };
-    sqlx::query("UPDATE conversation SET member_count = member_count - 1 WHERE id = $1")
-        .bind(conversation.get())
-        .execute(&mut *tx)
-        .await?;
+    sqlx::query(
+        "UPDATE conversation SET member_count = member_count - 1,
+                changed_xid = pg_current_xact_id()
+          WHERE id = $1",
+    )
+    .bind(conversation.get())
+    .execute(&mut *tx)
+    .await?;
     let at = now();
     let mut events = vec![ChatEvent::MemberLeft(MemberLeft {
         conversation_id: conversation,
@@ -485,11 +501,20 @@ async fn insert_members(
     admin: Option<UserId>,
 ) -> Result<Vec<UserId>, sqlx::Error> {
     let mut added: Vec<i64> = sqlx::query_scalar(
-        "INSERT INTO conversation_member (conversation_id, user_id, last_read_seq, role)
-         SELECT $1, u, $3, CASE WHEN u = $4 THEN 'ADMIN' ELSE 'MEMBER' END
-           FROM unnest($2::bigint[]) AS u
-         ON CONFLICT (conversation_id, user_id) DO NOTHING
-         RETURNING user_id",
+        // A new member has passed every deleted seq (they start at last_seq), and is
+        // no longer departed if they had left before.
+        "WITH added AS (
+              INSERT INTO conversation_member
+                     (conversation_id, user_id, last_read_seq, role, deleted_read)
+              SELECT $1, u, $3, CASE WHEN u = $4 THEN 'ADMIN' ELSE 'MEMBER' END,
+                     (SELECT c.deleted_count FROM conversation c WHERE c.id = $1)
+                FROM unnest($2::bigint[]) AS u
+              ON CONFLICT (conversation_id, user_id) DO NOTHING
+              RETURNING user_id),
+              returned AS (
+              DELETE FROM conversation_departure d USING added a
+               WHERE d.user_id = a.user_id AND d.conversation_id = $1)
+         SELECT user_id FROM added",
     )
     .bind(conversation.get())
     .bind(user_ids)

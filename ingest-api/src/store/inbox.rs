@@ -18,7 +18,9 @@ pub struct InboxEntry {
     pub title: Option<String>,
     pub last_seq: i64,
     pub last_read_seq: i64,
-    /// `last_seq - last_read_seq`: a subtraction, never a COUNT (invariant 7).
+    /// The messages after the watermark that are not deleted. A subtraction, never a
+    /// COUNT (invariant 7): `(last_seq - deleted_count) - (last_read_seq - deleted_read)`,
+    /// both counts kept by the writers (migration 20261201000007).
     pub unread_count: i64,
     pub member_count: i32,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -37,6 +39,7 @@ struct LastMessageRow {
     last_message_seq: Option<i64>,
     last_message_sender_id: Option<i64>,
     last_message_preview: Option<String>,
+    last_message_deleted: Option<bool>,
     last_message_at: Option<DateTime<Utc>>,
 }
 
@@ -45,8 +48,12 @@ struct LastMessageRow {
 pub struct LastMessage {
     pub seq: i64,
     pub sender_id: i64,
-    /// The first `limits.preview_chars` characters of the body.
-    pub preview: String,
+    /// The first `limits.preview_chars` characters of the body; absent once deleted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preview: Option<String>,
+    /// `true` when the newest message is deleted, absent otherwise.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub deleted: bool,
     pub created_at: DateTime<Utc>,
 }
 
@@ -100,10 +107,12 @@ pub async fn inbox(
     let after = cursor.map(|c| (c.activity, c.conversation_id));
     let mut conversations: Vec<InboxEntry> = sqlx::query_as(
         "SELECT c.id AS conversation_id, c.type AS kind, c.title, c.last_seq, m.last_read_seq,
-                c.last_seq - m.last_read_seq AS unread_count, c.member_count, c.last_activity_at,
+                (c.last_seq - c.deleted_count) - (m.last_read_seq - m.deleted_read) AS unread_count,
+                c.member_count, c.last_activity_at,
                 CASE WHEN p.user_low = $1 THEN p.user_high ELSE p.user_low END AS peer_id,
                 lm.seq AS last_message_seq, lm.sender_id AS last_message_sender_id,
-                left(lm.body, $5) AS last_message_preview, lm.created_at AS last_message_at
+                left(lm.body, $5) AS last_message_preview,
+                lm.deleted_at IS NOT NULL AS last_message_deleted, lm.created_at AS last_message_at
            FROM conversation_member m
            JOIN conversation c ON c.id = m.conversation_id
            LEFT JOIN direct_pair p ON p.conversation_id = c.id
@@ -135,16 +144,17 @@ pub async fn inbox(
     };
     for entry in &mut conversations {
         let row = std::mem::take(&mut entry.last);
-        if let (Some(seq), Some(sender_id), Some(preview), Some(created_at)) = (
+        if let (Some(seq), Some(sender_id), Some(deleted), Some(created_at)) = (
             row.last_message_seq,
             row.last_message_sender_id,
-            row.last_message_preview,
+            row.last_message_deleted,
             row.last_message_at,
         ) {
             entry.last_message = Some(LastMessage {
                 seq,
                 sender_id,
-                preview,
+                preview: row.last_message_preview,
+                deleted,
                 created_at,
             });
         }

@@ -1,12 +1,15 @@
-//! History paging and edits. Sending is in [`super::send`].
+//! History paging, edits and deletes. Sending is in [`super::send`].
 
 use chatpipe_core::{ConversationId, Seq, UserId};
-use chatpipe_schemas::{ChatEvent, MessageEdited};
+use chatpipe_schemas::{ChatEvent, MessageDeleted, MessageEdited};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
+use super::conversations::lock_as_member;
 use super::{Store, StoreError};
+use crate::domain::ConversationKind;
+use chatpipe_schemas::Role;
 
 #[derive(Debug, Serialize, sqlx::FromRow)]
 #[serde(rename_all = "camelCase")]
@@ -14,12 +17,24 @@ pub struct HistoryMessage {
     pub seq: i64,
     pub sender_id: i64,
     pub client_msg_id: Uuid,
-    pub body: String,
+    /// Absent once the message is deleted: the body is erased, not hidden.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body: Option<String>,
     pub created_at: DateTime<Utc>,
     /// When the body was last replaced; absent if never.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub edited_at: Option<DateTime<Utc>>,
+    /// `true` on a deleted message, absent otherwise.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    #[sqlx(default)]
+    pub deleted: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deleted_at: Option<DateTime<Utc>>,
 }
+
+/// The columns a [`HistoryMessage`] is read from, for every query that returns messages.
+pub const MESSAGE_COLUMNS: &str = "seq, sender_id, client_msg_id, body, created_at, edited_at,
+     deleted_at IS NOT NULL AS deleted, deleted_at";
 
 /// Where a history page starts.
 #[derive(Debug, Clone, Copy)]
@@ -54,11 +69,11 @@ pub async fn history(
 
     // One more row than asked tells whether more exist. Both walk the primary key.
     let (sql, bound) = match page {
-        Page::Newest => (DESCENDING, i64::MAX),
-        Page::Before(seq) => (DESCENDING, seq),
-        Page::After(seq) => (ASCENDING, seq),
+        Page::Newest => (descending(), i64::MAX),
+        Page::Before(seq) => (descending(), seq),
+        Page::After(seq) => (ascending(), seq),
     };
-    let mut messages: Vec<HistoryMessage> = sqlx::query_as(sql)
+    let mut messages: Vec<HistoryMessage> = sqlx::query_as(&sql)
         .bind(conversation.get())
         .bind(bound)
         .bind(limit + 1)
@@ -76,12 +91,19 @@ pub async fn history(
     })
 }
 
-const DESCENDING: &str =
-    "SELECT seq, sender_id, client_msg_id, body, created_at, edited_at FROM message
-                           WHERE conversation_id = $1 AND seq < $2 ORDER BY seq DESC LIMIT $3";
-const ASCENDING: &str =
-    "SELECT seq, sender_id, client_msg_id, body, created_at, edited_at FROM message
-                          WHERE conversation_id = $1 AND seq > $2 ORDER BY seq ASC LIMIT $3";
+fn descending() -> String {
+    format!(
+        "SELECT {MESSAGE_COLUMNS} FROM message
+          WHERE conversation_id = $1 AND seq < $2 ORDER BY seq DESC LIMIT $3"
+    )
+}
+
+fn ascending() -> String {
+    format!(
+        "SELECT {MESSAGE_COLUMNS} FROM message
+          WHERE conversation_id = $1 AND seq > $2 ORDER BY seq ASC LIMIT $3"
+    )
+}
 
 /// An edited message, as the edit answers it.
 #[derive(Debug, Serialize)]
@@ -92,9 +114,42 @@ pub struct Edited {
     pub message: HistoryMessage,
 }
 
+/// The message a caller wants to change, read under the conversation's row lock (taken
+/// first, as sends and membership changes take it, so no two orders meet). 404 for a
+/// non-member, as everywhere, and for a seq with no message.
+struct Target {
+    sender: UserId,
+    deleted: bool,
+    /// The caller is an admin of a GROUP.
+    group_admin: bool,
+}
+
+async fn lock_target(
+    conn: &mut sqlx::PgConnection,
+    conversation: ConversationId,
+    caller: UserId,
+    seq: Seq,
+) -> Result<Target, StoreError> {
+    let locked = lock_as_member(conn, conversation, caller).await?;
+    let row: Option<(i64, bool)> = sqlx::query_as(
+        "SELECT sender_id, deleted_at IS NOT NULL FROM message
+          WHERE conversation_id = $1 AND seq = $2 FOR UPDATE",
+    )
+    .bind(conversation.get())
+    .bind(seq.get())
+    .fetch_optional(conn)
+    .await?;
+    let (sender, deleted) = row.ok_or(StoreError::NotFound { what: "message" })?;
+    Ok(Target {
+        sender: chatpipe_core::db::id(sender)?,
+        deleted,
+        group_admin: locked.kind == ConversationKind::Group && locked.caller_role == Role::Admin,
+    })
+}
+
 /// Replaces the body of message `seq` of `conversation`: only its sender may (403 for
-/// another member; 404 for a non-member, as everywhere, and for a seq with no message).
-/// Writes `message.edited` in the same transaction.
+/// another member; 404 for a non-member and for a seq with no message; 409 once it is
+/// deleted). Writes `message.edited` in the same transaction.
 pub async fn edit(
     db: &Store,
     conversation: ConversationId,
@@ -103,51 +158,34 @@ pub async fn edit(
     body: &str,
 ) -> Result<Edited, StoreError> {
     let mut tx = db.pool.begin().await?;
-    // The message row first, locked: concurrent edits of one message apply in turn.
-    let sender: Option<i64> = sqlx::query_scalar(
-        "SELECT sender_id FROM message WHERE conversation_id = $1 AND seq = $2 FOR UPDATE",
-    )
-    .bind(conversation.get())
-    .bind(seq.get())
-    .fetch_optional(&mut *tx)
-    .await?;
-    // Membership asked after the lock (a fresh snapshot): a sender removed meanwhile
-    // edits nothing.
-    let member: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM conversation_member
-                         WHERE conversation_id = $1 AND user_id = $2)",
-    )
-    .bind(conversation.get())
-    .bind(caller.get())
-    .fetch_one(&mut *tx)
-    .await?;
-    if !member {
-        return Err(StoreError::conversation_not_found());
+    let target = lock_target(&mut tx, conversation, caller, seq).await?;
+    if target.sender != caller {
+        return Err(StoreError::Forbidden {
+            detail: "only a message's sender may edit it".into(),
+        });
     }
-    match sender {
-        None => return Err(StoreError::NotFound { what: "message" }),
-        Some(sender) if sender != caller.get() => {
-            return Err(StoreError::Forbidden {
-                detail: "only a message's sender may edit it".into(),
-            })
-        }
-        Some(_) => {}
+    if target.deleted {
+        return Err(StoreError::conflict(
+            "message-deleted",
+            format!("message {seq} is deleted; a deleted message cannot be edited"),
+        ));
     }
-    let message: HistoryMessage = sqlx::query_as(
-        "UPDATE message SET body = $3, edited_at = now()
+    let message: HistoryMessage = sqlx::query_as(&format!(
+        "UPDATE message SET body = $3, edited_at = now(), changed_xid = pg_current_xact_id()
           WHERE conversation_id = $1 AND seq = $2
-          RETURNING seq, sender_id, client_msg_id, body, created_at, edited_at",
-    )
+          RETURNING {MESSAGE_COLUMNS}"
+    ))
     .bind(conversation.get())
     .bind(seq.get())
     .bind(body)
     .fetch_one(&mut *tx)
     .await?;
+    touch_conversation(&mut tx, conversation, 0).await?;
     let event = ChatEvent::MessageEdited(MessageEdited {
         conversation_id: conversation,
         seq,
         sender_id: caller,
-        body: message.body.clone(),
+        body: body.to_owned(),
         edited_at: message.edited_at.unwrap_or(message.created_at),
     });
     db.outbox.write(&mut tx, &[event]).await?;
@@ -156,4 +194,92 @@ pub async fn edit(
         conversation_id: conversation,
         message,
     })
+}
+
+/// What a delete did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deleted {
+    Now,
+    /// It was deleted before: nothing changed, no event.
+    Already,
+}
+
+/// Deletes message `seq` of `conversation`: its sender may, and so may an admin of a
+/// GROUP (403 for anyone else; 404 for a non-member and for a seq with no message). The
+/// body is erased; the seq stays. Repeating it changes nothing.
+///
+/// The unread counts stay exact (migration 20261201000007): the conversation's
+/// `deleted_count` grows by one, and so does `deleted_read` of every member whose
+/// watermark already passed the seq. The conversation's delete lock, taken exclusive
+/// first, keeps a watermark move from counting the deleted seqs without this one while
+/// this commits.
+pub async fn delete(
+    db: &Store,
+    conversation: ConversationId,
+    caller: UserId,
+    seq: Seq,
+) -> Result<Deleted, StoreError> {
+    let mut tx = db.pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(conversation.get())
+        .execute(&mut *tx)
+        .await?;
+    let target = lock_target(&mut tx, conversation, caller, seq).await?;
+    if target.sender != caller && !target.group_admin {
+        return Err(StoreError::Forbidden {
+            detail: "only a message's sender, or an admin of the group, may delete it".into(),
+        });
+    }
+    if target.deleted {
+        return Ok(Deleted::Already);
+    }
+    let deleted_at: DateTime<Utc> = sqlx::query_scalar(
+        "UPDATE message SET body = NULL, deleted_at = now(), deleted_by = $3,
+                changed_xid = pg_current_xact_id()
+          WHERE conversation_id = $1 AND seq = $2
+          RETURNING deleted_at",
+    )
+    .bind(conversation.get())
+    .bind(seq.get())
+    .bind(caller.get())
+    .fetch_one(&mut *tx)
+    .await?;
+    touch_conversation(&mut tx, conversation, 1).await?;
+    sqlx::query(
+        "UPDATE conversation_member SET deleted_read = deleted_read + 1
+          WHERE conversation_id = $1 AND last_read_seq >= $2",
+    )
+    .bind(conversation.get())
+    .bind(seq.get())
+    .execute(&mut *tx)
+    .await?;
+    let event = ChatEvent::MessageDeleted(MessageDeleted {
+        conversation_id: conversation,
+        seq,
+        sender_id: target.sender,
+        deleted_by: caller,
+        deleted_at,
+    });
+    db.outbox.write(&mut tx, &[event]).await?;
+    tx.commit().await?;
+    Ok(Deleted::Now)
+}
+
+/// Records that this transaction changed the conversation (for sync), adding `deleted`
+/// to its count of deleted messages.
+async fn touch_conversation(
+    conn: &mut sqlx::PgConnection,
+    conversation: ConversationId,
+    deleted: i64,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE conversation SET deleted_count = deleted_count + $2,
+                changed_xid = pg_current_xact_id()
+          WHERE id = $1",
+    )
+    .bind(conversation.get())
+    .bind(deleted)
+    .execute(conn)
+    .await?;
+    Ok(())
 }

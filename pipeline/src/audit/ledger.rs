@@ -86,7 +86,8 @@ impl Ledger {
             ChatEvent::MemberJoined(_)
             | ChatEvent::MemberLeft(_)
             | ChatEvent::MemberRoleChanged(_)
-            | ChatEvent::MessageEdited(_) => Finding::Fine,
+            | ChatEvent::MessageEdited(_)
+            | ChatEvent::MessageDeleted(_) => Finding::Fine,
         }
     }
 

@@ -223,7 +223,7 @@ impl Fanout {
             }
             // Not pushed yet: clients see edits in history (the push frames come with
             // deletes, issue 14).
-            ChatEvent::MessageEdited(_) => return Ok(()),
+            ChatEvent::MessageEdited(_) | ChatEvent::MessageDeleted(_) => return Ok(()),
             ChatEvent::MessageNew(_) | ChatEvent::ReadUpdated(_) => {
                 if self.members.knows(conversation) {
                     self.members.touch(conversation);

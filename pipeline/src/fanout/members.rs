@@ -112,9 +112,10 @@ impl Members {
                 );
                 return Change::Wrote(conversation);
             }
-            ChatEvent::MessageNew(_) | ChatEvent::ReadUpdated(_) | ChatEvent::MessageEdited(_) => {
-                return Change::None
-            }
+            ChatEvent::MessageNew(_)
+            | ChatEvent::ReadUpdated(_)
+            | ChatEvent::MessageEdited(_)
+            | ChatEvent::MessageDeleted(_) => return Change::None,
             ChatEvent::MemberJoined(_)
             | ChatEvent::MemberLeft(_)
             | ChatEvent::MemberRoleChanged(_) => {}
