@@ -22,6 +22,8 @@ use crate::state::AppState;
 use crate::store::send::SendQueue;
 use crate::store::{Outbox, Store};
 
+use crate::store::sync::CursorKey;
+
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
 /// A bound listener plus everything needed to serve on it.
@@ -83,6 +85,9 @@ impl Application {
             metrics: chatpipe_core::telemetry::metrics_handle(),
             receipts,
             rate,
+            cursors: CursorKey::load(&pool)
+                .await
+                .context("reading the sync cursor key (migration 20261201000008)")?,
         };
         let admin_router = routes::admin_router(state.clone());
         let router = routes::router(state, settings.http.request_timeout());

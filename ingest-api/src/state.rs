@@ -9,6 +9,7 @@ use crate::configuration::Limits;
 use crate::rate::RateLimits;
 use crate::receipts::ReceiptProducer;
 use crate::store::send::SendQueue;
+use crate::store::sync::CursorKey;
 use crate::store::Store;
 
 /// What every handler can reach.
@@ -26,4 +27,6 @@ pub struct AppState {
     pub rate: RateLimits,
     /// `Some` when `reads.mode = "stream"`.
     pub receipts: Option<ReceiptProducer>,
+    /// Signs and checks `GET /sync` cursors.
+    pub cursors: CursorKey,
 }

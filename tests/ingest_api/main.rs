@@ -14,4 +14,5 @@ mod operations;
 mod reads;
 mod schema_contract;
 mod send;
+mod sync;
 mod watchdog;

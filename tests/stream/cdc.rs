@@ -259,7 +259,10 @@ async fn a_standard_confluent_deserializer_in_python_reads_chat_events() {
     let message = format!("/conversations/{conv}/messages");
     p.app
         .user(10)
-        .patch(&format!("{message}/1"), serde_json::json!({"body": "hallo, python"}))
+        .patch(
+            &format!("{message}/1"),
+            serde_json::json!({"body": "hallo, python"}),
+        )
         .await
         .expect(200);
     let deleted = p.app.user(10).delete(&format!("{message}/{secret}")).await;

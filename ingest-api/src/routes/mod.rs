@@ -21,6 +21,7 @@ pub mod health;
 pub mod inbox;
 pub mod messages;
 pub mod reads;
+pub mod sync;
 
 /// Every route of the API, with the request deadline on the API routes, the body limit,
 /// and per-route counting and logging on all of them.
@@ -51,6 +52,7 @@ pub fn router(state: AppState, request_timeout: Duration) -> Router {
             get(reads::receipts),
         )
         .route("/inbox", get(inbox::inbox))
+        .route("/sync", get(sync::sync))
         .layer(
             ServiceBuilder::new()
                 .layer(HandleErrorLayer::new(timed_out))

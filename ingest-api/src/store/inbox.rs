@@ -11,6 +11,21 @@ use super::{Store, StoreError};
 #[derive(Debug, Serialize, sqlx::FromRow)]
 #[serde(rename_all = "camelCase")]
 pub struct InboxEntry {
+    #[sqlx(flatten)]
+    #[serde(flatten)]
+    pub state: ConversationState,
+    #[sqlx(flatten)]
+    #[serde(skip)]
+    last: LastMessageRow,
+    #[sqlx(skip)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_message: Option<LastMessage>,
+}
+
+/// A conversation as one member sees it: [`STATE_COLUMNS`].
+#[derive(Debug, Serialize, sqlx::FromRow)]
+#[serde(rename_all = "camelCase")]
+pub struct ConversationState {
     pub conversation_id: i64,
     #[serde(rename = "type")]
     pub kind: crate::domain::ConversationKind,
@@ -26,12 +41,6 @@ pub struct InboxEntry {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peer_id: Option<i64>,
     pub last_activity_at: DateTime<Utc>,
-    #[sqlx(flatten)]
-    #[serde(skip)]
-    last: LastMessageRow,
-    #[sqlx(skip)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub last_message: Option<LastMessage>,
 }
 
 #[derive(Debug, Default, sqlx::FromRow)]
@@ -97,6 +106,17 @@ impl Cursor {
     }
 }
 
+/// A conversation's state as one member sees it, for the inbox and for sync: the columns,
+/// over [`STATE_FROM`] with `$1` the member. The unread count lives here, once.
+pub(super) const STATE_COLUMNS: &str =
+    "c.id AS conversation_id, c.type AS kind, c.title, c.last_seq, m.last_read_seq,
+     (c.last_seq - c.deleted_count) - (m.last_read_seq - m.deleted_read) AS unread_count,
+     c.member_count, c.last_activity_at,
+     CASE WHEN p.user_low = $1 THEN p.user_high ELSE p.user_low END AS peer_id";
+pub(super) const STATE_FROM: &str = "FROM conversation_member m
+     JOIN conversation c ON c.id = m.conversation_id
+     LEFT JOIN direct_pair p ON p.conversation_id = c.id";
+
 pub async fn inbox(
     db: &Store,
     user: UserId,
@@ -105,23 +125,18 @@ pub async fn inbox(
     preview_chars: usize,
 ) -> Result<InboxPage, StoreError> {
     let after = cursor.map(|c| (c.activity, c.conversation_id));
-    let mut conversations: Vec<InboxEntry> = sqlx::query_as(
-        "SELECT c.id AS conversation_id, c.type AS kind, c.title, c.last_seq, m.last_read_seq,
-                (c.last_seq - c.deleted_count) - (m.last_read_seq - m.deleted_read) AS unread_count,
-                c.member_count, c.last_activity_at,
-                CASE WHEN p.user_low = $1 THEN p.user_high ELSE p.user_low END AS peer_id,
+    let mut conversations: Vec<InboxEntry> = sqlx::query_as(&format!(
+        "SELECT {STATE_COLUMNS},
                 lm.seq AS last_message_seq, lm.sender_id AS last_message_sender_id,
                 left(lm.body, $5) AS last_message_preview,
                 lm.deleted_at IS NOT NULL AS last_message_deleted, lm.created_at AS last_message_at
-           FROM conversation_member m
-           JOIN conversation c ON c.id = m.conversation_id
-           LEFT JOIN direct_pair p ON p.conversation_id = c.id
+           {STATE_FROM}
            LEFT JOIN message lm ON lm.conversation_id = c.id AND lm.seq = c.last_seq
           WHERE m.user_id = $1
             AND ($2::timestamptz IS NULL OR (c.last_activity_at, c.id) < ($2, $3))
           ORDER BY c.last_activity_at DESC, c.id DESC
-          LIMIT $4",
-    )
+          LIMIT $4"
+    ))
     .bind(user.get())
     .bind(after.map(|(t, _)| t))
     .bind(after.map(|(_, id)| id).unwrap_or(0))
@@ -134,8 +149,8 @@ pub async fn inbox(
         conversations.truncate(limit as usize);
         conversations.last().map(|e| {
             Cursor {
-                activity: e.last_activity_at,
-                conversation_id: e.conversation_id,
+                activity: e.state.last_activity_at,
+                conversation_id: e.state.conversation_id,
             }
             .encode()
         })

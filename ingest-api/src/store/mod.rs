@@ -6,6 +6,7 @@ pub mod inbox;
 pub mod messages;
 pub mod reads;
 pub mod send;
+pub mod sync;
 
 pub use chatpipe_core::outbox::Outbox;
 use sqlx::PgPool;

@@ -1,0 +1,39 @@
+use axum::extract::State;
+use axum::response::IntoResponse;
+use serde::Deserialize;
+
+use crate::domain::page_limit;
+use crate::error::ApiError;
+use crate::extract::{Caller, Query};
+use crate::state::AppState;
+use crate::store::sync as store;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SyncQuery {
+    since: Option<String>,
+    limit: Option<i64>,
+}
+
+/// `GET /sync?since=&limit=`: every conversation of the caller that changed since the
+/// cursor, with up to `limit` new or changed messages each; without `since`, the whole
+/// inbox state and a first cursor.
+pub async fn sync(
+    State(state): State<AppState>,
+    Caller(user): Caller,
+    Query(q): Query<SyncQuery>,
+) -> Result<impl IntoResponse, ApiError> {
+    let limit = page_limit(q.limit, &state.limits)?;
+    let since = q
+        .since
+        .as_deref()
+        .map(|raw| {
+            state.cursors.open(user, raw).ok_or_else(|| {
+                ApiError::bad_parameter("since", "is not a cursor this API handed out to you")
+            })
+        })
+        .transpose()?;
+    Ok(axum::Json(
+        store::sync(&state.store, &state.cursors, user, since.as_ref(), limit).await?,
+    ))
+}
