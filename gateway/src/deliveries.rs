@@ -5,39 +5,60 @@
 //! own: a registry or broker outage is waited out, an undecodable list goes to
 //! `<topic>.dlq`, and a stalled reader turns `/readyz` red.
 
-use chatpipe_schemas::delivery::{Delivery, MESSAGE_NEW};
+use chatpipe_schemas::delivery::{
+    Delivery, MESSAGE_DELETED, MESSAGE_EDITED, MESSAGE_NEW, READ_UPDATED,
+};
 use pipeline::runtime::{Failure, Position, Processor};
 use serde_json::json;
 
 use crate::sessions::Sessions;
 
-/// The frame a client receives for a fanout list (docs/protocol.md).
-pub fn frame(d: &Delivery) -> serde_json::Value {
+/// The frame a client receives for a fanout list (docs/protocol.md); `None` for an
+/// event type this gateway does not know (a newer fanout's), which it drops.
+pub fn frame(d: &Delivery) -> Option<serde_json::Value> {
     let occurred_at = chrono::DateTime::from_timestamp_micros(d.occurred_at)
         .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true));
-    if d.event_type == MESSAGE_NEW {
-        if d.light {
-            json!({"type": "message.new", "conversationId": d.conversation_id, "seq": d.seq, "light": true})
-        } else {
-            json!({
-                "type": "message.new",
-                "conversationId": d.conversation_id,
-                "seq": d.seq,
-                "senderId": d.sender_id,
-                "body": d.body,
-                "createdAt": occurred_at,
-            })
+    let kind = d.event_type.as_str();
+    Some(match kind {
+        // Light: the client fetches the message (history, afterSeq = seq - 1).
+        MESSAGE_NEW | MESSAGE_EDITED | MESSAGE_DELETED if d.light => {
+            json!({"type": kind, "conversationId": d.conversation_id, "seq": d.seq, "light": true})
         }
-    } else if d.light {
-        json!({"type": "read.updated", "conversationId": d.conversation_id, "lastReadSeq": d.last_read_seq, "light": true})
-    } else {
-        json!({
-            "type": "read.updated",
+        MESSAGE_NEW => json!({
+            "type": kind,
+            "conversationId": d.conversation_id,
+            "seq": d.seq,
+            "senderId": d.sender_id,
+            "body": d.body,
+            "createdAt": occurred_at,
+        }),
+        MESSAGE_EDITED => json!({
+            "type": kind,
+            "conversationId": d.conversation_id,
+            "seq": d.seq,
+            "senderId": d.sender_id,
+            "body": d.body,
+            "editedAt": occurred_at,
+        }),
+        MESSAGE_DELETED => json!({
+            "type": kind,
+            "conversationId": d.conversation_id,
+            "seq": d.seq,
+            "senderId": d.sender_id,
+            "deletedBy": d.user_id,
+            "deletedAt": occurred_at,
+        }),
+        READ_UPDATED if d.light => {
+            json!({"type": kind, "conversationId": d.conversation_id, "lastReadSeq": d.last_read_seq, "light": true})
+        }
+        READ_UPDATED => json!({
+            "type": kind,
             "conversationId": d.conversation_id,
             "userId": d.user_id,
             "lastReadSeq": d.last_read_seq,
-        })
-    }
+        }),
+        _ => return None,
+    })
 }
 
 /// The reader's side: hands each list to [`push`] over a bounded channel
@@ -70,7 +91,12 @@ pub async fn push(mut lists: tokio::sync::mpsc::Receiver<Delivery>, sessions: Se
             users = d.user_ids.len(),
             "fanout list"
         );
-        let text = frame(&d).to_string();
+        let Some(frame) = frame(&d) else {
+            tracing::warn!(event_type = %d.event_type, "a fanout list of a type this gateway does not know: dropped");
+            metrics::counter!("gateway_unknown_deliveries_total").increment(1);
+            continue;
+        };
+        let text = frame.to_string();
         metrics::counter!("gateway_deliveries_total").increment(1);
         sessions.push_committed(&d.user_ids, &text, Some(d.occurred_at));
         tokio::task::yield_now().await;

@@ -9,6 +9,8 @@ use crate::{ConversationId, Seq, UserId, Watermark};
 
 pub const MESSAGE_NEW: &str = "message.new";
 pub const READ_UPDATED: &str = "read.updated";
+pub const MESSAGE_EDITED: &str = "message.edited";
+pub const MESSAGE_DELETED: &str = "message.deleted";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -1,5 +1,6 @@
 //! The gateway binary killed with SIGKILL and started again: its users' presence lapses
-//! with the lease, clients reconnect, catch up over REST, and no seq is missed.
+//! with the lease, clients reconnect, catch up over REST (history, or one sync with the
+//! cursor they kept), and no seq, edit or delete is missed.
 
 use std::collections::BTreeSet;
 use std::process::{Child, Command, Stdio};
@@ -98,6 +99,12 @@ async fn a_gateway_killed_and_restarted_loses_no_seq_for_its_clients() {
         have.insert(seq);
     }
 
+    // The client keeps a sync cursor, as a client that syncs on every reconnect does.
+    let kept = p.app.user(bob).get("/sync").await.expect(200)["nextCursor"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
     gateway.kill().expect("SIGKILL the gateway");
     gateway.wait().unwrap();
     match ws.next(PUSH_DEADLINE).await {
@@ -110,6 +117,14 @@ async fn a_gateway_killed_and_restarted_loses_no_seq_for_its_clients() {
             .send_message(conversation, &format!("m{i}"))
             .await;
     }
+    // Changes to messages bob already has, made while he cannot be told.
+    let message = |seq: i64| format!("/conversations/{conversation}/messages/{seq}");
+    p.app
+        .user(alice)
+        .patch(&message(2), serde_json::json!({"body": "m2, edited"}))
+        .await
+        .expect(200);
+    assert_eq!(p.app.user(alice).delete(&message(3)).await.status, 204);
     // Nobody said goodbye: bob stops counting when his lease (3 s) runs out, and fanout
     // tombstones the dead gateway's entry so the compacted topic forgets it.
     fanout.wait_offline(&[bob], Duration::from_secs(15)).await;
@@ -148,6 +163,40 @@ async fn a_gateway_killed_and_restarted_loses_no_seq_for_its_clients() {
         vec![4, 5, 6],
         "the page brings what was sent while the gateway was down"
     );
+    // One sync with the kept cursor brings exactly what was missed, edits and deletes
+    // of older messages included, and the next sync nothing.
+    let missed = p
+        .app
+        .user(bob)
+        .get(&format!("/sync?since={kept}"))
+        .await
+        .expect(200);
+    let entries = missed["conversations"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{missed}");
+    let got: Vec<(i64, Option<&str>)> = entries[0]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["seq"].as_i64().unwrap(), m["body"].as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (2, Some("m2, edited")),
+            (3, None),
+            (4, Some("m4")),
+            (5, Some("m5")),
+            (6, Some("m6"))
+        ]
+    );
+    let next = missed["nextCursor"].as_str().unwrap();
+    let again = p
+        .app
+        .user(bob)
+        .get(&format!("/sync?since={next}"))
+        .await
+        .expect(200);
+    assert_eq!(again["conversations"], serde_json::json!([]), "once");
     fanout.wait_online(&[bob], PRESENCE_DEADLINE).await;
     let mut pushed_after = Vec::new();
     for i in 7..=9 {

@@ -143,6 +143,59 @@ async fn every_device_of_a_member_gets_the_push_and_a_non_member_gets_nothing() 
     p.cleanup().await;
 }
 
+/// Edits and deletes are pushed as messages are: to every online member (the sender's
+/// devices too), the edit with its new body, the delete with none; a non-member gets
+/// neither.
+#[tokio::test]
+async fn edit_and_delete_pushes_reach_members_only() {
+    let p = spawn_pipeline().await;
+    let fanout = p.start_fanout(p.fanout_settings());
+    let gw = p.start_gateway(p.gateway_settings("gw", 0)).await;
+    let (member, author, outsider) = (10, 11, 99);
+    let secret = p.app.user(author).create_group(&[member]).await;
+    let marker = p.app.user(author).create_group(&[outsider]).await;
+    let mut member_ws = p.connect(&gw.url, member).await;
+    let mut author_ws = p.connect(&gw.url, author).await;
+    let mut stranger = p.connect(&gw.url, outsider).await;
+    fanout
+        .wait_online(&[member, author, outsider], PRESENCE_DEADLINE)
+        .await;
+
+    let seq = p.app.user(author).send_message(secret, "draft").await;
+    let path = format!("/conversations/{secret}/messages/{seq}");
+    p.app
+        .user(author)
+        .patch(&path, serde_json::json!({"body": "final words"}))
+        .await
+        .expect(200);
+    assert_eq!(p.app.user(author).delete(&path).await.status, 204);
+    let is = |kind: &'static str| {
+        move |f: &Value| f["type"] == kind && f["conversationId"] == secret && f["seq"] == seq
+    };
+    for ws in [&mut member_ws, &mut author_ws] {
+        let (edited, _) = ws.until(PUSH_DEADLINE, is("message.edited")).await;
+        assert_eq!(edited["body"], "final words");
+        assert_eq!(edited["senderId"], author);
+        assert!(edited["editedAt"].is_string(), "{edited}");
+        let (deleted, _) = ws.until(PUSH_DEADLINE, is("message.deleted")).await;
+        assert!(deleted.get("body").is_none(), "{deleted}");
+        assert_eq!(deleted["deletedBy"], author);
+        assert!(deleted["deletedAt"].is_string(), "{deleted}");
+    }
+    // The outsider's marker comes after anything about `secret` would have (one
+    // partition, read in order).
+    let marker_seq = p.app.user(author).send_message(marker, "marker").await;
+    let (_, before) = stranger
+        .until(PUSH_DEADLINE, is_message(marker, marker_seq))
+        .await;
+    assert!(
+        before.iter().all(|f| f["conversationId"] != secret),
+        "a non-member saw {before:?}"
+    );
+    gw.stop().await.unwrap();
+    p.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_1000_member_group_pushes_light_to_its_50_online_members_and_the_rest_catch_up() {
     let p = spawn_pipeline().await;

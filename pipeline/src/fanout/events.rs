@@ -221,10 +221,10 @@ impl Fanout {
                 }
                 return Ok(());
             }
-            // Not pushed yet: clients see edits in history (the push frames come with
-            // deletes, issue 14).
-            ChatEvent::MessageEdited(_) | ChatEvent::MessageDeleted(_) => return Ok(()),
-            ChatEvent::MessageNew(_) | ChatEvent::ReadUpdated(_) => {
+            ChatEvent::MessageNew(_)
+            | ChatEvent::ReadUpdated(_)
+            | ChatEvent::MessageEdited(_)
+            | ChatEvent::MessageDeleted(_) => {
                 if self.members.knows(conversation) {
                     self.members.touch(conversation);
                 } else {
@@ -235,6 +235,8 @@ impl Fanout {
         let occurred_at = match event {
             ChatEvent::MessageNew(e) => e.created_at,
             ChatEvent::ReadUpdated(e) => e.occurred_at,
+            ChatEvent::MessageEdited(e) => e.edited_at,
+            ChatEvent::MessageDeleted(e) => e.deleted_at,
             _ => return Ok(()),
         };
         let age = chrono::Utc::now() - occurred_at;
@@ -259,6 +261,12 @@ impl Fanout {
                     plan::read_updated_to_reader(e, &online, now)
                 }
                 ChatEvent::ReadUpdated(e) => plan::read_updated(e, members, &online, now),
+                ChatEvent::MessageEdited(e) => {
+                    plan::message_edited(e, members, &online, now, self.cfg.light_threshold)
+                }
+                ChatEvent::MessageDeleted(e) => {
+                    plan::message_deleted(e, members, &online, now, self.cfg.light_threshold)
+                }
                 _ => Vec::new(),
             }
         };

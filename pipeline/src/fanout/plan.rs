@@ -5,8 +5,12 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use chatpipe_schemas::delivery::{Delivery, MESSAGE_NEW, READ_UPDATED};
-use chatpipe_schemas::{ConversationId, MessageNew, ReadUpdated, UserId, Watermark};
+use chatpipe_schemas::delivery::{
+    Delivery, MESSAGE_DELETED, MESSAGE_EDITED, MESSAGE_NEW, READ_UPDATED,
+};
+use chatpipe_schemas::{
+    ConversationId, MessageDeleted, MessageEdited, MessageNew, ReadUpdated, UserId, Watermark,
+};
 
 use super::online::{Gateway, Online};
 
@@ -77,6 +81,58 @@ pub fn message_new(
         user_id: None,
         last_read_seq: None,
         occurred_at: e.created_at.timestamp_micros(),
+    };
+    route(by_gateway(members, online, now_ms), &template)
+}
+
+/// message.edited to every online member, as message.new goes: the new body, or above
+/// `light_threshold` members only `{conversationId, seq}` (the client refetches it).
+pub fn message_edited(
+    e: &MessageEdited,
+    members: &HashSet<UserId>,
+    online: &Online,
+    now_ms: i64,
+    light_threshold: usize,
+) -> Vec<Routed> {
+    let light = members.len() > light_threshold;
+    let template = Delivery {
+        gateway_id: String::new(),
+        user_ids: Vec::new(),
+        light,
+        event_type: MESSAGE_EDITED.into(),
+        conversation_id: e.conversation_id,
+        seq: Some(e.seq),
+        sender_id: (!light).then_some(e.sender_id),
+        body: (!light).then(|| e.body.clone()),
+        user_id: None,
+        last_read_seq: None,
+        occurred_at: e.edited_at.timestamp_micros(),
+    };
+    route(by_gateway(members, online, now_ms), &template)
+}
+
+/// message.deleted to every online member: never a body; who sent and who deleted it
+/// unless light.
+pub fn message_deleted(
+    e: &MessageDeleted,
+    members: &HashSet<UserId>,
+    online: &Online,
+    now_ms: i64,
+    light_threshold: usize,
+) -> Vec<Routed> {
+    let light = members.len() > light_threshold;
+    let template = Delivery {
+        gateway_id: String::new(),
+        user_ids: Vec::new(),
+        light,
+        event_type: MESSAGE_DELETED.into(),
+        conversation_id: e.conversation_id,
+        seq: Some(e.seq),
+        sender_id: (!light).then_some(e.sender_id),
+        body: None,
+        user_id: (!light).then_some(e.deleted_by),
+        last_read_seq: None,
+        occurred_at: e.deleted_at.timestamp_micros(),
     };
     route(by_gateway(members, online, now_ms), &template)
 }
@@ -243,6 +299,49 @@ mod tests {
             (d.conversation_id, d.seq),
             (ConversationId::of(9), Some(Seq::of(3)))
         );
+    }
+
+    #[test]
+    fn edits_and_deletes_reach_online_members_only_and_deletes_carry_no_body() {
+        let members = users([1, 2, 3]);
+        let o = online(&[(1, "a", 0), (2, "a", 0), (5, "a", 0)]);
+        let edit = MessageEdited {
+            conversation_id: ConversationId::of(9),
+            seq: Seq::of(3),
+            sender_id: UserId::of(1),
+            body: "better".into(),
+            edited_at: Utc::now(),
+        };
+        let routed = message_edited(&edit, &members, &o, 0, 200);
+        assert_eq!(routed.len(), 1);
+        let d = &routed[0].delivery;
+        assert_eq!(
+            ids(&d.user_ids),
+            vec![1, 2],
+            "not 5, no member; not 3, offline"
+        );
+        assert_eq!(
+            (d.event_type.as_str(), d.body.as_deref()),
+            (MESSAGE_EDITED, Some("better"))
+        );
+        let delete = MessageDeleted {
+            conversation_id: ConversationId::of(9),
+            seq: Seq::of(3),
+            sender_id: UserId::of(1),
+            deleted_by: UserId::of(2),
+            deleted_at: Utc::now(),
+        };
+        let routed = message_deleted(&delete, &members, &o, 0, 200);
+        let d = &routed[0].delivery;
+        assert_eq!(ids(&d.user_ids), vec![1, 2]);
+        assert_eq!(
+            (d.event_type.as_str(), d.seq, d.user_id, d.body.as_deref()),
+            (MESSAGE_DELETED, Some(Seq::of(3)), Some(UserId::of(2)), None)
+        );
+        // Light above the threshold: the seq only.
+        let routed = message_edited(&edit, &users(1..=201), &o, 0, 200);
+        let d = &routed[0].delivery;
+        assert!(d.light && d.body.is_none() && d.sender_id.is_none());
     }
 
     #[test]
