@@ -34,6 +34,11 @@ async fn the_sender_edits_others_are_refused_and_history_shows_the_latest_body()
         .patch(&path(first), json!({"body": "pwned"}))
         .await
         .problem(404);
+    // Not even the group's admin (alice, its creator) edits someone else's words.
+    app.user(alice)
+        .patch(&path(second), json!({"body": "put in bob's mouth"}))
+        .await
+        .problem(403);
     app.user(alice)
         .patch(&path(99), json!({"body": "nothing there"}))
         .await

@@ -53,3 +53,66 @@ async fn groups_made_before_roles_get_an_admin_each_the_creator_or_their_longest
     .unwrap();
     assert_eq!(admins, vec![(1, 10), (2, 30)]);
 }
+
+/// Messages and members written before deletes and sync existed: their counts start at
+/// zero deleted, their rows count as unchanged for every cursor (changed_xid NULL, no
+/// table rewrite), and deletes, unread counts and sync work on them from then on.
+#[tokio::test]
+async fn history_from_before_deletes_and_sync_is_unread_synced_and_deletable() {
+    let url = chatpipe_tests::fresh_database().await;
+    let mut db = PgConnection::connect(&url).await.unwrap();
+    migrations_up_to(20261201000006)
+        .await
+        .run(&mut db)
+        .await
+        .unwrap();
+    sqlx::raw_sql(
+        "INSERT INTO conversation (id, type, title, created_by, member_count, last_seq)
+              OVERRIDING SYSTEM VALUE VALUES (1, 'GROUP', 'old', 10, 2, 3);
+         INSERT INTO conversation_member (conversation_id, user_id, role, last_read_seq)
+              VALUES (1, 10, 'ADMIN', 3), (1, 20, 'MEMBER', 1);
+         INSERT INTO message (conversation_id, seq, sender_id, client_msg_id, body, created_at)
+              SELECT 1, s, 10, gen_random_uuid(), 'old ' || s, now() FROM generate_series(1, 3) s;",
+    )
+    .execute(&mut db)
+    .await
+    .unwrap();
+    ingest_api::startup::MIGRATOR.run(&mut db).await.unwrap();
+    let app = chatpipe_tests::spawn_app_with(|s| {
+        s.database.url = secrecy::SecretString::from(url.clone());
+    })
+    .await;
+    let bob = app.user(20);
+    let inbox = bob.get("/inbox").await.expect(200);
+    assert_eq!(inbox["conversations"][0]["unreadCount"], 2);
+
+    let first = bob.get("/sync").await.expect(200);
+    let cursor = first["nextCursor"].as_str().unwrap();
+    let nothing = bob.get(&format!("/sync?since={cursor}")).await.expect(200);
+    assert_eq!(
+        nothing["conversations"],
+        serde_json::json!([]),
+        "old rows are not news"
+    );
+
+    assert_eq!(
+        app.user(10)
+            .delete("/conversations/1/messages/3")
+            .await
+            .status,
+        204
+    );
+    let seq = app.user(10).send_message(1, "new").await;
+    assert_eq!(seq, 4);
+    let page = bob.get(&format!("/sync?since={cursor}")).await.expect(200);
+    let entry = &page["conversations"][0];
+    let seqs: Vec<i64> = entry["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["seq"].as_i64().unwrap())
+        .collect();
+    assert_eq!(seqs, vec![3, 4]);
+    assert_eq!(entry["messages"][0]["deleted"], true);
+    assert_eq!(entry["unreadCount"], 2, "2 and 4; 3 is deleted");
+}

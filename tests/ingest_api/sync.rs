@@ -305,3 +305,35 @@ async fn a_cursor_not_handed_to_the_caller_is_400() {
     }
     app.user(10).get("/sync?sinse=x").await.problem(400);
 }
+
+/// More changes in a conversation than `limit`: the newest `limit` of them and `hasMore`;
+/// history below the first one fills in the rest.
+#[tokio::test]
+async fn more_changes_than_the_limit_give_the_newest_and_has_more() {
+    let app = spawn_app().await;
+    let conv = app.user(10).create_group(&[20]).await;
+    let since = cursor(&sync(&app, 20, None).await);
+    for i in 1..=8 {
+        app.user(10).send_message(conv, &format!("m{i}")).await;
+    }
+    let page = app
+        .user(20)
+        .get(&format!("/sync?since={since}&limit=5"))
+        .await
+        .expect(200);
+    let entry = &page["conversations"][0];
+    let seqs: Vec<i64> = entry["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["seq"].as_i64().unwrap())
+        .collect();
+    assert_eq!(seqs, vec![4, 5, 6, 7, 8]);
+    assert_eq!(entry["hasMore"], true);
+    let exactly = app
+        .user(20)
+        .get(&format!("/sync?since={since}&limit=8"))
+        .await
+        .expect(200);
+    assert_eq!(exactly["conversations"][0]["hasMore"], false);
+}
