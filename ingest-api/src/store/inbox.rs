@@ -22,7 +22,7 @@ pub struct InboxEntry {
     pub last_message: Option<LastMessage>,
 }
 
-/// A conversation as one member sees it: [`STATE_COLUMNS`].
+/// A conversation as one member sees it: [`state_columns`].
 #[derive(Debug, Serialize, sqlx::FromRow)]
 #[serde(rename_all = "camelCase")]
 pub struct ConversationState {
@@ -106,16 +106,46 @@ impl Cursor {
     }
 }
 
+/// The unread count: the messages after the watermark that are not deleted, as a
+/// subtraction of counts the writers keep (invariant 7; migration 20261201000007).
+pub const UNREAD: &str = "(c.last_seq - c.deleted_count) - (m.last_read_seq - m.deleted_read)";
+
 /// A conversation's state as one member sees it, for the inbox and for sync: the columns,
-/// over [`STATE_FROM`] with `$1` the member. The unread count lives here, once.
-pub(super) const STATE_COLUMNS: &str =
-    "c.id AS conversation_id, c.type AS kind, c.title, c.last_seq, m.last_read_seq,
-     (c.last_seq - c.deleted_count) - (m.last_read_seq - m.deleted_read) AS unread_count,
-     c.member_count, c.last_activity_at,
-     CASE WHEN p.user_low = $1 THEN p.user_high ELSE p.user_low END AS peer_id";
+/// over [`STATE_FROM`] with `$1` the member, and `unread` as the unread count.
+pub(super) fn state_columns(unread: &str) -> String {
+    format!(
+        "c.id AS conversation_id, c.type AS kind, c.title, c.last_seq, m.last_read_seq,
+         {unread} AS unread_count, c.member_count, c.last_activity_at,
+         CASE WHEN p.user_low = $1 THEN p.user_high ELSE p.user_low END AS peer_id"
+    )
+}
 pub(super) const STATE_FROM: &str = "FROM conversation_member m
      JOIN conversation c ON c.id = m.conversation_id
      LEFT JOIN direct_pair p ON p.conversation_id = c.id";
+
+/// The inbox page query with `unread` as the unread count: [`UNREAD`] in the API, and the
+/// inbox benchmark's contrast (counting rows) in `tests/bench/inbox_unread.rs`. The page
+/// is picked first; only its rows look up their last message. Binds: `$1` the user,
+/// `$2`/`$3` the cursor's activity and id (NULL/0 for the first page), `$4` the rows,
+/// `$5` the preview's characters.
+pub fn page_sql(unread: &str) -> String {
+    let columns = state_columns(unread);
+    format!(
+        "SELECT s.*, lm.seq AS last_message_seq, lm.sender_id AS last_message_sender_id,
+                left(lm.body, $5) AS last_message_preview,
+                lm.deleted_at IS NOT NULL AS last_message_deleted,
+                lm.created_at AS last_message_at
+           FROM (SELECT {columns} {STATE_FROM}
+                  WHERE m.user_id = $1
+                    AND ($2::timestamptz IS NULL OR (c.last_activity_at, c.id) < ($2, $3))
+                  ORDER BY c.last_activity_at DESC, c.id DESC
+                  LIMIT $4) AS s
+           LEFT JOIN message lm ON lm.conversation_id = s.conversation_id AND lm.seq = s.last_seq
+          ORDER BY s.last_activity_at DESC, s.conversation_id DESC"
+    )
+}
+
+static PAGE_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| page_sql(UNREAD));
 
 pub async fn inbox(
     db: &Store,
@@ -125,25 +155,14 @@ pub async fn inbox(
     preview_chars: usize,
 ) -> Result<InboxPage, StoreError> {
     let after = cursor.map(|c| (c.activity, c.conversation_id));
-    let mut conversations: Vec<InboxEntry> = sqlx::query_as(&format!(
-        "SELECT {STATE_COLUMNS},
-                lm.seq AS last_message_seq, lm.sender_id AS last_message_sender_id,
-                left(lm.body, $5) AS last_message_preview,
-                lm.deleted_at IS NOT NULL AS last_message_deleted, lm.created_at AS last_message_at
-           {STATE_FROM}
-           LEFT JOIN message lm ON lm.conversation_id = c.id AND lm.seq = c.last_seq
-          WHERE m.user_id = $1
-            AND ($2::timestamptz IS NULL OR (c.last_activity_at, c.id) < ($2, $3))
-          ORDER BY c.last_activity_at DESC, c.id DESC
-          LIMIT $4"
-    ))
-    .bind(user.get())
-    .bind(after.map(|(t, _)| t))
-    .bind(after.map(|(_, id)| id).unwrap_or(0))
-    .bind(limit + 1)
-    .bind(preview_chars as i32)
-    .fetch_all(&db.pool)
-    .await?;
+    let mut conversations: Vec<InboxEntry> = sqlx::query_as(PAGE_SQL.as_str())
+        .bind(user.get())
+        .bind(after.map(|(t, _)| t))
+        .bind(after.map(|(_, id)| id).unwrap_or(0))
+        .bind(limit + 1)
+        .bind(preview_chars as i32)
+        .fetch_all(&db.pool)
+        .await?;
 
     let next_cursor = if conversations.len() as i64 > limit {
         conversations.truncate(limit as usize);

@@ -23,7 +23,7 @@ use serde::Serialize;
 use sha2::Sha256;
 use sqlx::PgPool;
 
-use super::inbox::{ConversationState, STATE_COLUMNS, STATE_FROM};
+use super::inbox::{state_columns, ConversationState, STATE_FROM, UNREAD};
 use super::messages::{HistoryMessage, MESSAGE_COLUMNS};
 use super::{Store, StoreError};
 
@@ -131,8 +131,9 @@ pub async fn sync(
     let now: String = sqlx::query_scalar("SELECT pg_current_snapshot()::text")
         .fetch_one(&mut *tx)
         .await?;
+    let columns = state_columns(UNREAD);
     let states: Vec<ConversationState> = sqlx::query_as(&format!(
-        "SELECT {STATE_COLUMNS} {STATE_FROM}
+        "SELECT {columns} {STATE_FROM}
           WHERE m.user_id = $1
             AND ($2::pg_snapshot IS NULL
                  OR chat_changed_since(c.changed_xid, $2::pg_snapshot)
