@@ -6,7 +6,7 @@
 //! `<topic>.dlq`, and a stalled reader turns `/readyz` red.
 
 use chatpipe_schemas::delivery::{
-    Delivery, MESSAGE_DELETED, MESSAGE_EDITED, MESSAGE_NEW, READ_UPDATED,
+    Delivery, DELIVERY_UPDATED, MESSAGE_DELETED, MESSAGE_EDITED, MESSAGE_NEW, READ_UPDATED,
 };
 use pipeline::runtime::{Failure, Position, Processor};
 use serde_json::json;
@@ -56,6 +56,15 @@ pub fn frame(d: &Delivery) -> Option<serde_json::Value> {
             "conversationId": d.conversation_id,
             "userId": d.user_id,
             "lastReadSeq": d.last_read_seq,
+        }),
+        DELIVERY_UPDATED if d.light => {
+            json!({"type": kind, "conversationId": d.conversation_id, "lastDeliveredSeq": d.last_delivered_seq, "light": true})
+        }
+        DELIVERY_UPDATED => json!({
+            "type": kind,
+            "conversationId": d.conversation_id,
+            "userId": d.user_id,
+            "lastDeliveredSeq": d.last_delivered_seq,
         }),
         _ => return None,
     })

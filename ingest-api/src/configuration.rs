@@ -58,6 +58,8 @@ pub struct ReadSettings {
 pub struct KafkaSettings {
     pub brokers: String,
     pub receipts_topic: String,
+    /// Delivery acks (`POST /conversations/{id}/delivered` in stream mode).
+    pub acks_topic: String,
     pub produce_timeout_ms: u64,
     pub queue_max_messages: u32,
     /// librdkafka properties for a secured cluster (TLS, SASL): see

@@ -13,7 +13,17 @@ pub struct ReceiptProducer {
     producer: FutureProducer,
     codec: ReceiptCodec,
     topic: String,
+    acks_codec: ReceiptCodec,
+    acks_topic: String,
     timeout: Duration,
+}
+
+/// What a receipt says: read (`chat.read-receipts`), or delivered to a device
+/// (`chat.delivery-acks`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Said {
+    Read,
+    Delivered,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -24,7 +34,11 @@ pub struct ProduceError {
 }
 
 impl ReceiptProducer {
-    pub fn new(kafka: &KafkaSettings, codec: ReceiptCodec) -> anyhow::Result<Self> {
+    pub fn new(
+        kafka: &KafkaSettings,
+        codec: ReceiptCodec,
+        acks_codec: ReceiptCodec,
+    ) -> anyhow::Result<Self> {
         let producer = chatpipe_core::kafka::apply(
             chatpipe_core::kafka::producer_config(&kafka.brokers),
             &kafka.properties,
@@ -39,15 +53,21 @@ impl ReceiptProducer {
             producer,
             codec,
             topic: kafka.receipts_topic.clone(),
+            acks_codec,
+            acks_topic: kafka.acks_topic.clone(),
             timeout: Duration::from_millis(kafka.produce_timeout_ms),
         })
     }
 
     /// Returns once the broker has the receipt (acks=all), or fails.
-    pub async fn send(&self, receipt: &ReadReceipt) -> Result<(), ProduceError> {
+    pub async fn send(&self, said: Said, receipt: &ReadReceipt) -> Result<(), ProduceError> {
+        let (codec, topic) = match said {
+            Said::Read => (&self.codec, &self.topic),
+            Said::Delivered => (&self.acks_codec, &self.acks_topic),
+        };
         let key = receipt.conversation_id.to_string();
-        let payload = self.codec.encode(receipt);
-        let record = FutureRecord::to(&self.topic).key(&key).payload(&payload);
+        let payload = codec.encode(receipt);
+        let record = FutureRecord::to(topic).key(&key).payload(&payload);
         match self.producer.send(record, self.timeout).await {
             Ok(_) => {
                 metrics::counter!("receipts_produced_total").increment(1);
@@ -64,7 +84,7 @@ impl ReceiptProducer {
                 }
                 metrics::counter!("receipts_produce_failures_total").increment(1);
                 Err(ProduceError {
-                    topic: self.topic.clone(),
+                    topic: topic.clone(),
                     cause: err.to_string(),
                 })
             }

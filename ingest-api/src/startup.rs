@@ -61,8 +61,12 @@ impl Application {
                     .receipt_codec()
                     .await
                     .context("registering the chat.read-receipts schema")?;
+                let acks = registry
+                    .receipt_codec_for(&format!("{}-value", settings.kafka.acks_topic))
+                    .await
+                    .context("registering the delivery acks' schema")?;
                 Some(
-                    ReceiptProducer::new(&settings.kafka, codec)
+                    ReceiptProducer::new(&settings.kafka, codec, acks)
                         .context("the Kafka producer (kafka.brokers)")?,
                 )
             }

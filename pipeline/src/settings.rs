@@ -40,6 +40,9 @@ pub struct DatabaseSettings {
 pub struct ReceiptsSettings {
     pub topic: String,
     pub group: String,
+    /// Delivery acks (`chat.delivery-acks`), read by readers of their own in this group.
+    pub acks_topic: String,
+    pub acks_group: String,
     pub debounce_window_ms: u64,
     pub max_batch_keys: usize,
     pub max_poll_ms: u64,

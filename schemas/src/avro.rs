@@ -12,8 +12,8 @@ use chrono::{DateTime, Utc};
 use schema_registry_converter::schema_registry_common::get_payload;
 
 use crate::{
-    ChatEvent, ConversationCreated, MemberJoined, MemberLeft, MemberRoleChanged, MessageDeleted,
-    MessageEdited, MessageNew, ReadUpdated, Role,
+    ChatEvent, ConversationCreated, DeliveryUpdated, MemberJoined, MemberLeft, MemberRoleChanged,
+    MessageDeleted, MessageEdited, MessageNew, ReadUpdated, Role,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -102,6 +102,7 @@ const MEMBER_LEFT: u32 = 4;
 const MEMBER_ROLE_CHANGED: u32 = 5;
 const MESSAGE_EDITED: u32 = 6;
 const MESSAGE_DELETED: u32 = 7;
+const DELIVERY_UPDATED: u32 = 8;
 
 impl EventCodec {
     pub fn new(schema_id: u32) -> Self {
@@ -280,6 +281,14 @@ pub fn to_value(event: &ChatEvent) -> Value {
                 ("seq", long(e.seq)),
                 ("senderId", long(e.sender_id)),
                 ("body", Value::String(e.body.clone())),
+            ]),
+        ),
+        ChatEvent::DeliveryUpdated(e) => (
+            &e.occurred_at,
+            DELIVERY_UPDATED,
+            record(vec![
+                ("userId", long(e.user_id)),
+                ("lastDeliveredSeq", long(e.last_delivered_seq)),
             ]),
         ),
         ChatEvent::MessageDeleted(e) => (
@@ -557,6 +566,12 @@ pub fn from_value(value: Value) -> Result<ChatEvent, CodecError> {
             body: p.string("body")?,
             edited_at: occurred_at,
         }),
+        "delivery.updated" => ChatEvent::DeliveryUpdated(DeliveryUpdated {
+            conversation_id,
+            user_id: p.id("userId")?,
+            last_delivered_seq: p.id("lastDeliveredSeq")?,
+            occurred_at,
+        }),
         "message.deleted" => ChatEvent::MessageDeleted(MessageDeleted {
             conversation_id,
             seq: p.id("seq")?,
@@ -636,6 +651,12 @@ mod tests {
                 sender_id: UserId::of(10),
                 body: "Hallo Gruppe 👋 (bearbeitet)".into(),
                 edited_at: at(),
+            }),
+            ChatEvent::DeliveryUpdated(DeliveryUpdated {
+                conversation_id: ConversationId::of(7),
+                user_id: UserId::of(20),
+                last_delivered_seq: Watermark::of(43),
+                occurred_at: at(),
             }),
             ChatEvent::MessageDeleted(MessageDeleted {
                 conversation_id: ConversationId::of(7),

@@ -11,6 +11,7 @@ pub const MESSAGE_NEW: &str = "message.new";
 pub const READ_UPDATED: &str = "read.updated";
 pub const MESSAGE_EDITED: &str = "message.edited";
 pub const MESSAGE_DELETED: &str = "message.deleted";
+pub const DELIVERY_UPDATED: &str = "delivery.updated";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -25,6 +26,7 @@ pub struct Delivery {
     pub body: Option<String>,
     pub user_id: Option<UserId>,
     pub last_read_seq: Option<Watermark>,
+    pub last_delivered_seq: Option<Watermark>,
     /// Microseconds since the epoch: when the event was committed.
     pub occurred_at: i64,
 }
@@ -52,6 +54,7 @@ impl DeliveryCodec {
             ("body", crate::avro::opt_string(&d.body)),
             ("userId", opt_long(d.user_id)),
             ("lastReadSeq", opt_long(d.last_read_seq)),
+            ("lastDeliveredSeq", opt_long(d.last_delivered_seq)),
             ("occurredAt", Value::TimestampMicros(d.occurred_at)),
         ]))
     }
@@ -72,6 +75,12 @@ impl Delivery {
             body: f.opt_string("body")?,
             user_id: f.opt_id("userId")?,
             last_read_seq: f.opt_id("lastReadSeq")?,
+            // Absent in lists written before delivered ticks.
+            last_delivered_seq: if f.has("lastDeliveredSeq") {
+                f.opt_id("lastDeliveredSeq")?
+            } else {
+                None
+            },
             occurred_at: f.timestamp("occurredAt")?.timestamp_micros(),
         })
     }
@@ -95,6 +104,7 @@ mod tests {
             body: Some("hi".into()),
             user_id: None,
             last_read_seq: None,
+            last_delivered_seq: None,
             occurred_at: 1_764_480_000_000_001,
         };
         let light = Delivery {

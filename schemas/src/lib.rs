@@ -45,6 +45,8 @@ pub enum ChatEvent {
     MessageDeleted(MessageDeleted),
     #[serde(rename = "read.updated")]
     ReadUpdated(ReadUpdated),
+    #[serde(rename = "delivery.updated")]
+    DeliveryUpdated(DeliveryUpdated),
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -155,6 +157,17 @@ pub struct MessageDeleted {
     pub deleted_at: DateTime<Utc>,
 }
 
+/// A member's delivery watermark moved: everything up to `last_delivered_seq` reached one
+/// of their devices.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeliveryUpdated {
+    pub conversation_id: ConversationId,
+    pub user_id: UserId,
+    pub last_delivered_seq: Watermark,
+    pub occurred_at: DateTime<Utc>,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ReadUpdated {
@@ -176,6 +189,7 @@ impl ChatEvent {
             Self::MessageEdited(_) => "message.edited",
             Self::MessageDeleted(_) => "message.deleted",
             Self::ReadUpdated(_) => "read.updated",
+            Self::DeliveryUpdated(_) => "delivery.updated",
         }
     }
 
@@ -190,6 +204,7 @@ impl ChatEvent {
             Self::MessageEdited(e) => e.conversation_id,
             Self::MessageDeleted(e) => e.conversation_id,
             Self::ReadUpdated(e) => e.conversation_id,
+            Self::DeliveryUpdated(e) => e.conversation_id,
         }
     }
 }

@@ -259,6 +259,18 @@ impl Registry {
         Ok(crate::receipt::ReceiptCodec::new(id))
     }
 
+    /// Registers the receipt schema under `subject` (the delivery acks' topic carries the
+    /// same records) and returns a codec for it.
+    pub async fn receipt_codec_for(
+        &self,
+        subject: &str,
+    ) -> Result<crate::receipt::ReceiptCodec, RegistryError> {
+        let id = self
+            .register_schema(subject, crate::contract::READ_RECEIPTS.schema)
+            .await?;
+        Ok(crate::receipt::ReceiptCodec::new(id))
+    }
+
     /// Registers the chat.presence schema under `subject` and returns a codec for it.
     pub async fn presence_codec_for(
         &self,

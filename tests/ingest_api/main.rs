@@ -5,6 +5,7 @@ mod bad_input;
 mod bounds;
 mod conversations;
 mod deletes;
+mod delivered;
 mod edits;
 mod group_commit;
 mod inbox;

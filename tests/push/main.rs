@@ -196,6 +196,37 @@ async fn edit_and_delete_pushes_reach_members_only() {
     p.cleanup().await;
 }
 
+/// Delivered ticks: a member's ack moves their delivery watermark, and the sender's
+/// devices get delivery.updated (then read.updated when they read).
+#[tokio::test]
+async fn a_delivery_ack_reaches_the_senders_devices_as_delivery_updated() {
+    let p = spawn_pipeline().await;
+    let fanout = p.start_fanout(p.fanout_settings());
+    let gw = p.start_gateway(p.gateway_settings("gw", 0)).await;
+    let (alice, bob) = (1, 2);
+    let conversation = p.app.user(alice).create_group(&[bob]).await;
+    let mut alice_ws = p.connect(&gw.url, alice).await;
+    fanout.wait_online(&[alice], PRESENCE_DEADLINE).await;
+    let seq = p.app.user(alice).send_message(conversation, "tick?").await;
+    p.app
+        .user(bob)
+        .post(
+            &format!("/conversations/{conversation}/delivered"),
+            serde_json::json!({"seq": seq}),
+        )
+        .await
+        .expect(200);
+    let (frame, _) = alice_ws
+        .until(PUSH_DEADLINE, |f| {
+            f["type"] == "delivery.updated" && f["conversationId"] == conversation
+        })
+        .await;
+    assert_eq!(frame["userId"], bob);
+    assert_eq!(frame["lastDeliveredSeq"], seq);
+    gw.stop().await.unwrap();
+    p.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_1000_member_group_pushes_light_to_its_50_online_members_and_the_rest_catch_up() {
     let p = spawn_pipeline().await;

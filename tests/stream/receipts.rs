@@ -447,3 +447,67 @@ async fn two_processors_one_stopped_lose_nothing_and_regress_nothing() {
     b.stop().unwrap();
     p.cleanup().await;
 }
+
+/// Delivered ticks in stream mode: POST …/delivered answers 202 and the acks reader
+/// moves the delivery watermark (never below the read one), writing delivery.updated to
+/// chat.events; an ack of a non-member in the same window is dropped.
+#[tokio::test]
+async fn a_delivery_ack_answers_202_and_the_acks_reader_moves_the_delivery_watermark() {
+    let p = spawn_pipeline_with(ReadMode::Stream).await;
+    let settings = p.receipts_settings();
+    let acks_group = settings.receipts.acks_group.clone();
+    let _processor = p.start_receipts(settings);
+    let conv = group_with_messages(&p, 10).await;
+    let path = format!("/conversations/{conv}/delivered");
+    let accepted = p
+        .app
+        .user(20)
+        .post(&path, json!({"seq": 8}))
+        .await
+        .expect(202);
+    assert_eq!(
+        accepted,
+        json!({"conversationId": conv, "acceptedSeq": 8, "lastDeliveredSeq": 0})
+    );
+    // A stranger's ack, written to the topic as any producer could.
+    let mut acks = Receipts::new(&p).await;
+    acks.topic = p.acks_topic.clone();
+    acks.codec = Registry::new(&registry_url(), Duration::from_secs(5))
+        .unwrap()
+        .receipt_codec_for(&format!("{}-value", p.acks_topic))
+        .await
+        .unwrap();
+    acks.send(conv, 99, 9).await;
+
+    let records = p
+        .consume_until(Duration::from_secs(30), |rs| {
+            rs.iter()
+                .any(|r| matches!(&r.event, ChatEvent::DeliveryUpdated(d) if d.user_id.get() == 20))
+        })
+        .await;
+    wait_until_consumed(&acks_group, &p.acks_topic, Duration::from_secs(30)).await;
+    let moved: Vec<(i64, i64)> = records
+        .iter()
+        .filter_map(|r| match &r.event {
+            ChatEvent::DeliveryUpdated(d) => Some((d.user_id.get(), d.last_delivered_seq.get())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(moved, vec![(20, 8)], "the stranger's ack moved nothing");
+    let (read, delivered): (i64, i64) = sqlx::query_as(
+        "SELECT last_read_seq, last_delivered_seq FROM conversation_member
+          WHERE conversation_id = $1 AND user_id = 20",
+    )
+    .bind(conv)
+    .fetch_one(&p.app.pool)
+    .await
+    .unwrap();
+    assert_eq!((read, delivered), (0, 8));
+    assert_eq!(
+        p.app
+            .count("SELECT count(*) FROM conversation_member WHERE user_id = 99")
+            .await,
+        0
+    );
+    p.cleanup().await;
+}

@@ -56,6 +56,8 @@ pub struct Pipeline {
     pub topic: String,
     /// `<ns>.chat.read-receipts`; its dead letters go to `<ns>.chat.read-receipts.dlq`.
     pub receipts_topic: String,
+    /// `<ns>.chat.delivery-acks` (and its `.dlq`).
+    pub acks_topic: String,
     pub database_url: String,
     pub events_subject: String,
     pub connector: String,
@@ -86,16 +88,20 @@ pub async fn spawn_pipeline_with(reads: ReadMode) -> Pipeline {
     // The real configuration: rows are deleted in the transaction that wrote them.
     let events_subject = format!("{topic}-value");
     let receipts_topic = format!("{ns}.chat.read-receipts");
+    let acks_topic = format!("{ns}.chat.delivery-acks");
     let app = spawn_app_with(|s| {
         s.outbox.delete_after_write = true;
         s.registry.events_subject = events_subject.clone();
         s.reads.mode = reads;
         s.kafka.receipts_topic = receipts_topic.clone();
+        s.kafka.acks_topic = acks_topic.clone();
     })
     .await;
     create_topic(&topic, 6).await;
     create_topic(&receipts_topic, 6).await;
     create_topic(&format!("{receipts_topic}.dlq"), 1).await;
+    create_topic(&acks_topic, 6).await;
+    create_topic(&format!("{acks_topic}.dlq"), 1).await;
     create_topic(&format!("{topic}.dlq"), 1).await;
     create_topic_with(
         &format!("{ns}.chat.presence"),
@@ -142,6 +148,7 @@ pub async fn spawn_pipeline_with(reads: ReadMode) -> Pipeline {
         app,
         ns,
         receipts_topic,
+        acks_topic,
         database_url,
         events_subject,
         topic,
@@ -215,6 +222,8 @@ impl Pipeline {
         s.database.url = self.database_url.clone();
         s.receipts.topic = self.receipts_topic.clone();
         s.receipts.group = format!("{}-receipts", self.ns);
+        s.receipts.acks_topic = self.acks_topic.clone();
+        s.receipts.acks_group = format!("{}-acks", self.ns);
         s
     }
 

@@ -43,6 +43,7 @@ pub fn router(state: AppState, request_timeout: Duration) -> Router {
             post(messages::send).get(messages::history),
         )
         .route("/conversations/{id}/read", post(reads::mark_read))
+        .route("/conversations/{id}/delivered", post(reads::mark_delivered))
         .route(
             "/conversations/{id}/messages/{seq}",
             axum::routing::patch(messages::edit).delete(messages::delete),

@@ -69,6 +69,7 @@ pub struct MemberView {
     pub member_count: i32,
     pub last_seq: i64,
     pub last_read_seq: i64,
+    pub last_delivered_seq: i64,
 }
 
 /// The conversation seen by `user`, or 404 when it does not exist or `user` is not a
@@ -79,7 +80,8 @@ pub async fn as_member(
     user: UserId,
 ) -> Result<MemberView, StoreError> {
     sqlx::query_as(
-        "SELECT c.type, c.member_count, c.last_seq, m.last_read_seq FROM conversation c
+        "SELECT c.type, c.member_count, c.last_seq, m.last_read_seq, m.last_delivered_seq
+           FROM conversation c
            JOIN conversation_member m ON m.conversation_id = c.id AND m.user_id = $2
           WHERE c.id = $1",
     )

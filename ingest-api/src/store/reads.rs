@@ -59,10 +59,11 @@ pub async fn mark_read(
     })
 }
 
-/// Where a member's watermark stands, and how far it could go.
+/// Where a member's watermarks stand, and how far they could go.
 pub struct ReadPosition {
     pub last_seq: i64,
     pub last_read_seq: i64,
+    pub last_delivered_seq: i64,
 }
 
 /// The caller's watermark and the conversation's last seq; 404 for non-members.
@@ -72,10 +73,49 @@ pub async fn read_position(
     reader: UserId,
 ) -> Result<ReadPosition, StoreError> {
     let view = super::as_member(db, conversation, reader).await?;
-    let (last_seq, last_read_seq) = (view.last_seq, view.last_read_seq);
     Ok(ReadPosition {
-        last_seq,
-        last_read_seq,
+        last_seq: view.last_seq,
+        last_read_seq: view.last_read_seq,
+        last_delivered_seq: view.last_delivered_seq,
+    })
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeliveredOutcome {
+    pub last_delivered_seq: i64,
+    /// False when the delivery watermark was already at or past the (clamped) seq.
+    pub advanced: bool,
+}
+
+/// Direct mode's delivery ack: the delivery watermark moves forwards only, never past
+/// `last_seq`; `delivery.updated` goes to the outbox in the same transaction when it
+/// moved. 404 for a non-member.
+pub async fn mark_delivered(
+    db: &Store,
+    conversation: ConversationId,
+    user: UserId,
+    seq: Seq,
+) -> Result<DeliveredOutcome, StoreError> {
+    let mut tx = db.pool.begin().await?;
+    let done = chatpipe_core::watermark::deliver(&mut tx, &[((conversation, user), seq)]).await?;
+    if done.from_non_members > 0 {
+        return Err(StoreError::conversation_not_found());
+    }
+    let events: Vec<_> = done.moved.iter().map(|d| d.event(now())).collect();
+    db.outbox.write(&mut tx, &events).await?;
+    let last_delivered_seq: i64 = sqlx::query_scalar(
+        "SELECT last_delivered_seq FROM conversation_member
+          WHERE conversation_id = $1 AND user_id = $2",
+    )
+    .bind(conversation.get())
+    .bind(user.get())
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(DeliveredOutcome {
+        last_delivered_seq,
+        advanced: !events.is_empty(),
     })
 }
 
@@ -89,6 +129,8 @@ pub enum Receipts {
         seq: i64,
         /// Members other than the sender whose watermark is at or past `seq`.
         read_by: i64,
+        /// Members other than the sender whose devices got it (readers included).
+        delivered_to: i64,
         /// All members, the sender included.
         member_count: i32,
     },
@@ -97,6 +139,7 @@ pub enum Receipts {
         conversation_id: i64,
         seq: i64,
         read: bool,
+        delivered: bool,
     },
 }
 
@@ -112,10 +155,14 @@ pub async fn receipts(
         kind, member_count, ..
     } = super::as_member(db, conversation, caller).await?;
 
-    let read_by: i64 = sqlx::query_scalar(
+    let (read_by, delivered_to): (i64, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM conversation_member r
                   WHERE r.conversation_id = msg.conversation_id
                     AND r.last_read_seq >= msg.seq
+                    AND r.user_id <> msg.sender_id),
+                (SELECT count(*) FROM conversation_member r
+                  WHERE r.conversation_id = msg.conversation_id
+                    AND r.last_delivered_seq >= msg.seq
                     AND r.user_id <> msg.sender_id)
            FROM message msg
           WHERE msg.conversation_id = $1 AND msg.seq = $2",
@@ -131,12 +178,14 @@ pub async fn receipts(
             conversation_id: conversation.get(),
             seq: seq.get(),
             read: read_by > 0,
+            delivered: delivered_to > 0,
         }
     } else {
         Receipts::Group {
             conversation_id: conversation.get(),
             seq: seq.get(),
             read_by,
+            delivered_to,
             member_count,
         }
     })

@@ -87,7 +87,8 @@ impl Ledger {
             | ChatEvent::MemberLeft(_)
             | ChatEvent::MemberRoleChanged(_)
             | ChatEvent::MessageEdited(_)
-            | ChatEvent::MessageDeleted(_) => Finding::Fine,
+            | ChatEvent::MessageDeleted(_)
+            | ChatEvent::DeliveryUpdated(_) => Finding::Fine,
         }
     }
 

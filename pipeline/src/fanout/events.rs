@@ -224,7 +224,8 @@ impl Fanout {
             ChatEvent::MessageNew(_)
             | ChatEvent::ReadUpdated(_)
             | ChatEvent::MessageEdited(_)
-            | ChatEvent::MessageDeleted(_) => {
+            | ChatEvent::MessageDeleted(_)
+            | ChatEvent::DeliveryUpdated(_) => {
                 if self.members.knows(conversation) {
                     self.members.touch(conversation);
                 } else {
@@ -237,6 +238,7 @@ impl Fanout {
             ChatEvent::ReadUpdated(e) => e.occurred_at,
             ChatEvent::MessageEdited(e) => e.edited_at,
             ChatEvent::MessageDeleted(e) => e.deleted_at,
+            ChatEvent::DeliveryUpdated(e) => e.occurred_at,
             _ => return Ok(()),
         };
         let age = chrono::Utc::now() - occurred_at;
@@ -257,9 +259,16 @@ impl Fanout {
                     plan::message_new(e, members, &online, now, self.cfg.light_threshold)
                 }
                 ChatEvent::ReadUpdated(e) if members.len() > self.cfg.light_threshold => {
-                    self.coalescer.add(e);
+                    self.coalescer.add_read(e);
                     plan::read_updated_to_reader(e, &online, now)
                 }
+                // Ticks for senders: coalesced in large groups, as reads are; the
+                // member's own devices need no word of what they received.
+                ChatEvent::DeliveryUpdated(e) if members.len() > self.cfg.light_threshold => {
+                    self.coalescer.add_delivery(e);
+                    Vec::new()
+                }
+                ChatEvent::DeliveryUpdated(e) => plan::delivery_updated(e, members, &online, now),
                 ChatEvent::ReadUpdated(e) => plan::read_updated(e, members, &online, now),
                 ChatEvent::MessageEdited(e) => {
                     plan::message_edited(e, members, &online, now, self.cfg.light_threshold)

@@ -115,7 +115,8 @@ impl Members {
             ChatEvent::MessageNew(_)
             | ChatEvent::ReadUpdated(_)
             | ChatEvent::MessageEdited(_)
-            | ChatEvent::MessageDeleted(_) => return Change::None,
+            | ChatEvent::MessageDeleted(_)
+            | ChatEvent::DeliveryUpdated(_) => return Change::None,
             ChatEvent::MemberJoined(_)
             | ChatEvent::MemberLeft(_)
             | ChatEvent::MemberRoleChanged(_) => {}

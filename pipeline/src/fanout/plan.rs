@@ -6,10 +6,11 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use chatpipe_schemas::delivery::{
-    Delivery, MESSAGE_DELETED, MESSAGE_EDITED, MESSAGE_NEW, READ_UPDATED,
+    Delivery, DELIVERY_UPDATED, MESSAGE_DELETED, MESSAGE_EDITED, MESSAGE_NEW, READ_UPDATED,
 };
 use chatpipe_schemas::{
-    ConversationId, MessageDeleted, MessageEdited, MessageNew, ReadUpdated, UserId, Watermark,
+    ConversationId, DeliveryUpdated, MessageDeleted, MessageEdited, MessageNew, ReadUpdated,
+    UserId, Watermark,
 };
 
 use super::online::{Gateway, Online};
@@ -80,6 +81,7 @@ pub fn message_new(
         body: (!light).then(|| e.body.clone()),
         user_id: None,
         last_read_seq: None,
+        last_delivered_seq: None,
         occurred_at: e.created_at.timestamp_micros(),
     };
     route(by_gateway(members, online, now_ms), &template)
@@ -106,6 +108,7 @@ pub fn message_edited(
         body: (!light).then(|| e.body.clone()),
         user_id: None,
         last_read_seq: None,
+        last_delivered_seq: None,
         occurred_at: e.edited_at.timestamp_micros(),
     };
     route(by_gateway(members, online, now_ms), &template)
@@ -132,6 +135,7 @@ pub fn message_deleted(
         body: None,
         user_id: (!light).then_some(e.deleted_by),
         last_read_seq: None,
+        last_delivered_seq: None,
         occurred_at: e.deleted_at.timestamp_micros(),
     };
     route(by_gateway(members, online, now_ms), &template)
@@ -166,26 +170,73 @@ fn read_template(e: &ReadUpdated) -> Delivery {
         body: None,
         user_id: Some(e.user_id),
         last_read_seq: Some(e.last_read_seq),
+        last_delivered_seq: None,
         occurred_at: e.occurred_at.timestamp_micros(),
     }
 }
 
-/// read.updated in large groups, coalesced per conversation: between two ticks a
-/// conversation's reads become one light push carrying the highest `lastReadSeq`, which
-/// tells clients showing "read by N" to refresh it.
+/// delivery.updated for a conversation up to `light_threshold` members: to every online
+/// member (the senders' "delivered" ticks).
+pub fn delivery_updated(
+    e: &DeliveryUpdated,
+    members: &HashSet<UserId>,
+    online: &Online,
+    now_ms: i64,
+) -> Vec<Routed> {
+    let template = Delivery {
+        gateway_id: String::new(),
+        user_ids: Vec::new(),
+        light: false,
+        event_type: DELIVERY_UPDATED.into(),
+        conversation_id: e.conversation_id,
+        seq: None,
+        sender_id: None,
+        body: None,
+        user_id: Some(e.user_id),
+        last_read_seq: None,
+        last_delivered_seq: Some(e.last_delivered_seq),
+        occurred_at: e.occurred_at.timestamp_micros(),
+    };
+    route(by_gateway(members, online, now_ms), &template)
+}
+
+/// read.updated and delivery.updated in large groups, coalesced per conversation and
+/// kind: between two ticks a conversation's reads (or deliveries) become one light push
+/// carrying the highest watermark, which tells clients showing "read by N" (or
+/// "delivered to N") to refresh it.
 #[derive(Debug, Default)]
 pub struct Coalescer {
-    pending: HashMap<ConversationId, (Watermark, i64)>,
+    pending: HashMap<(ConversationId, &'static str), (Watermark, i64)>,
 }
 
 impl Coalescer {
-    pub fn add(&mut self, e: &ReadUpdated) {
-        let at = e.occurred_at.timestamp_micros();
+    pub fn add_read(&mut self, e: &ReadUpdated) {
+        self.add(
+            e.conversation_id,
+            READ_UPDATED,
+            e.last_read_seq,
+            e.occurred_at,
+        );
+    }
+
+    pub fn add_delivery(&mut self, e: &DeliveryUpdated) {
+        let (c, seq) = (e.conversation_id, e.last_delivered_seq);
+        self.add(c, DELIVERY_UPDATED, seq, e.occurred_at);
+    }
+
+    fn add(
+        &mut self,
+        conversation: ConversationId,
+        kind: &'static str,
+        seq: Watermark,
+        at: chrono::DateTime<chrono::Utc>,
+    ) {
+        let at = at.timestamp_micros();
         let entry = self
             .pending
-            .entry(e.conversation_id)
-            .or_insert((e.last_read_seq, at));
-        *entry = (entry.0.max(e.last_read_seq), entry.1.max(at));
+            .entry((conversation, kind))
+            .or_insert((seq, at));
+        *entry = (entry.0.max(seq), entry.1.max(at));
     }
 
     pub fn len(&self) -> usize {
@@ -205,21 +256,23 @@ impl Coalescer {
         now_ms: i64,
     ) -> Vec<Routed> {
         let mut out = Vec::new();
-        for (conversation_id, (last_read_seq, occurred_at)) in self.pending.drain() {
+        for ((conversation_id, kind), (seq, occurred_at)) in self.pending.drain() {
             let Some(members) = members_of(conversation_id) else {
                 continue;
             };
+            let read = kind == READ_UPDATED;
             let template = Delivery {
                 gateway_id: String::new(),
                 user_ids: Vec::new(),
                 light: true,
-                event_type: READ_UPDATED.into(),
+                event_type: kind.into(),
                 conversation_id,
                 seq: None,
                 sender_id: None,
                 body: None,
                 user_id: None,
-                last_read_seq: Some(last_read_seq),
+                last_read_seq: read.then_some(seq),
+                last_delivered_seq: (!read).then_some(seq),
                 occurred_at,
             };
             out.extend(route(by_gateway(members, online, now_ms), &template));
@@ -350,7 +403,7 @@ mod tests {
         let o = online(&[(1, "a", 0), (2, "a", 0)]);
         let mut c = Coalescer::default();
         for (user, seq) in [(1, 5), (2, 9), (3, 7)] {
-            c.add(&ReadUpdated {
+            c.add_read(&ReadUpdated {
                 conversation_id: ConversationId::of(4),
                 user_id: UserId::of(user),
                 last_read_seq: Watermark::of(seq),

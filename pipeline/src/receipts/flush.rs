@@ -1,4 +1,5 @@
-//! One flush = one transaction: the whole batch in one set-based, monotone UPDATE
+//! One flush = one transaction: the whole batch in one set-based, monotone UPDATE of the
+//! read watermarks or, for delivery acks, of the delivery watermarks
 //! ([`chatpipe_core::watermark::advance`], the article's guarded statement over arrays), `read.updated`
 //! outbox events for exactly the rows that advanced, COMMIT. Replaying a batch changes
 //! nothing and emits nothing, because the UPDATE only ever moves a watermark forwards.
@@ -9,25 +10,45 @@ use chatpipe_schemas::ChatEvent;
 use sqlx::PgPool;
 
 use super::window::Batch;
+use super::Mark;
 
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Flushed {
-    /// Members whose watermark moved (and got a read.updated event).
+    /// Members whose watermark moved (and got a read.updated or delivery.updated event).
     pub advanced: usize,
+    /// Acks from users who are not members of the conversation: dropped.
+    pub from_non_members: usize,
 }
 
-pub async fn flush(pool: &PgPool, outbox: &Outbox, batch: &Batch) -> Result<Flushed, sqlx::Error> {
+pub async fn flush(
+    pool: &PgPool,
+    outbox: &Outbox,
+    mark: Mark,
+    batch: &Batch,
+) -> Result<Flushed, sqlx::Error> {
     if batch.watermarks.is_empty() {
         return Ok(Flushed::default());
     }
     let mut tx = pool.begin().await?;
-    let advanced = watermark::advance(&mut tx, &batch.watermarks).await?;
     let at = now();
     // Per conversation in one order, so each conversation's events are in one place.
-    let events: Vec<ChatEvent> = advanced.iter().map(|a| a.event(at)).collect();
+    let (events, from_non_members): (Vec<ChatEvent>, usize) = match mark {
+        Mark::Read => {
+            let advanced = watermark::advance(&mut tx, &batch.watermarks).await?;
+            (advanced.iter().map(|a| a.event(at)).collect(), 0)
+        }
+        Mark::Delivered => {
+            let d = watermark::deliver(&mut tx, &batch.watermarks).await?;
+            (
+                d.moved.iter().map(|a| a.event(at)).collect(),
+                d.from_non_members,
+            )
+        }
+    };
     outbox.write(&mut tx, &events).await?;
     tx.commit().await?;
     Ok(Flushed {
-        advanced: advanced.len(),
+        advanced: events.len(),
+        from_non_members,
     })
 }

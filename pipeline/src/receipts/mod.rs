@@ -1,4 +1,6 @@
-//! The receipts aggregator (`pipeline receipts`): consumes `chat.read-receipts`, keeps
+//! The receipts aggregator (`pipeline receipts`): consumes `chat.read-receipts` (reads)
+//! and `chat.delivery-acks` (delivered ticks, [`Mark::Delivered`]; the same record, the
+//! same window and flush, on readers of their own), keeps
 //! the highest seq per (conversation, user) for one debounce window ([`window`]), then
 //! flushes the window as one batched, monotone UPDATE plus `read.updated` outbox events
 //! in one transaction ([`flush`]), and only after that COMMIT releases the Kafka offsets.
@@ -30,9 +32,28 @@ use crate::runtime::{
 use crate::settings::Settings;
 use window::{Batch, Window};
 
+/// Which watermark a reader's receipts move.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mark {
+    /// `chat.read-receipts`: `last_read_seq`, `read.updated`.
+    Read,
+    /// `chat.delivery-acks`: `last_delivered_seq`, `delivery.updated`.
+    Delivered,
+}
+
+impl Mark {
+    fn label(self) -> &'static str {
+        match self {
+            Mark::Read => "read",
+            Mark::Delivered => "delivered",
+        }
+    }
+}
+
 /// The aggregator's state and side effect: the open window, the batch being flushed,
 /// and the offsets its flushes made safe to commit.
 pub struct Receipts {
+    mark: Mark,
     handle: Handle,
     pool: PgPool,
     outbox: Outbox,
@@ -53,17 +74,22 @@ impl Receipts {
         let started = StdInstant::now();
         let flushed = self
             .handle
-            .block_on(flush::flush(&self.pool, &self.outbox, batch))
+            .block_on(flush::flush(&self.pool, &self.outbox, self.mark, batch))
             .context("flushing receipts")
             .map_err(Failure::Retriable)?;
         let keys = batch.watermarks.len();
-        metrics::counter!("receipts_flushes_total").increment(1);
-        metrics::histogram!("receipts_flush_keys").record(keys as f64);
-        metrics::counter!("receipts_rows_advanced_total").increment(flushed.advanced as u64);
-        metrics::histogram!("receipts_flush_duration_seconds")
+        let mark = self.mark.label();
+        metrics::counter!("receipts_flushes_total", "mark" => mark).increment(1);
+        metrics::histogram!("receipts_flush_keys", "mark" => mark).record(keys as f64);
+        metrics::counter!("receipts_rows_advanced_total", "mark" => mark)
+            .increment(flushed.advanced as u64);
+        metrics::counter!("receipts_dropped_non_member_total", "mark" => mark)
+            .increment(flushed.from_non_members as u64);
+        metrics::histogram!("receipts_flush_duration_seconds", "mark" => mark)
             .record(started.elapsed().as_secs_f64());
         if keys > 0 {
-            metrics::gauge!("receipts_collapse_ratio").set(batch.receipts as f64 / keys as f64);
+            metrics::gauge!("receipts_collapse_ratio", "mark" => mark)
+                .set(batch.receipts as f64 / keys as f64);
         }
         if self.kill_after_db_commit {
             // A fault drill (fault.kill_after_db_commit): die between the two commits.
@@ -98,7 +124,7 @@ impl Processor for Receipts {
     type Record = ReadReceipt;
 
     fn apply(&mut self, at: Position, r: ReadReceipt) -> Result<(), Failure> {
-        metrics::counter!("receipts_in_total").increment(1);
+        metrics::counter!("receipts_in_total", "mark" => self.mark.label()).increment(1);
         self.window.add(
             at.partition,
             at.offset,
@@ -150,16 +176,22 @@ impl Processor for Receipts {
     }
 }
 
-/// Adds `settings.receipts.concurrency` receipts readers (one group) to `supervisor`,
-/// each on a thread of its own, reporting to `readiness`.
+/// Adds `settings.receipts.concurrency` readers of reads (one group) and as many of
+/// delivery acks (another group) to `supervisor`, each on a thread of its own, reporting
+/// to `readiness`.
 pub fn spawn(settings: &Settings, supervisor: &mut Supervisor, readiness: &Readiness) {
-    for i in 0..settings.receipts.concurrency {
-        let name = format!("receipts-{i}");
-        let health = readiness.reader(&name, "receipts", settings.readers.stall_after());
-        let settings = settings.clone();
-        supervisor.spawn_thread(name.clone(), move |stop| {
-            run_one(&settings, &name, &stop, health)
-        });
+    for mark in [Mark::Read, Mark::Delivered] {
+        for i in 0..settings.receipts.concurrency {
+            let name = match mark {
+                Mark::Read => format!("receipts-{i}"),
+                Mark::Delivered => format!("acks-{i}"),
+            };
+            let health = readiness.reader(&name, "receipts", settings.readers.stall_after());
+            let settings = settings.clone();
+            supervisor.spawn_thread(name.clone(), move |stop| {
+                run_one(&settings, mark, &name, &stop, health)
+            });
+        }
     }
 }
 
@@ -181,6 +213,7 @@ pub fn run_with(
 
 fn run_one(
     settings: &Settings,
+    mark: Mark,
     name: &str,
     stop: &AtomicBool,
     health: Arc<ReaderHealth>,
@@ -200,6 +233,7 @@ fn run_one(
         return Ok(());
     };
     let processor = Receipts {
+        mark,
         handle: rt.handle().clone(),
         pool,
         outbox: Outbox::new(codec, settings.outbox.delete_after_write),
@@ -211,11 +245,15 @@ fn run_one(
         released: Vec::new(),
         kill_after_db_commit: settings.fault.kill_after_db_commit,
     };
+    let (topic, group) = match mark {
+        Mark::Read => (&cfg.topic, &cfg.group),
+        Mark::Delivered => (&cfg.acks_topic, &cfg.acks_group),
+    };
     let spec = ReaderSpec::group(
         name,
         "receipts",
-        &cfg.topic,
-        &cfg.group,
+        topic,
+        group,
         cfg.max_poll_ms,
         &settings.readers,
     );
