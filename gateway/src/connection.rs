@@ -40,11 +40,27 @@ pub enum Ended {
 }
 
 pub async fn serve<S, R, E>(
+    sink: S,
+    stream: R,
+    session: Session,
+    heartbeat: Duration,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Ended
+where
+    S: Sink<Message> + Unpin,
+    R: Stream<Item = Result<Message, E>> + Unpin,
+{
+    serve_with(sink, stream, session, heartbeat, shutdown, |_| {}).await
+}
+
+/// [`serve`], handing each text frame the client sends to `on_text`.
+pub async fn serve_with<S, R, E>(
     mut sink: S,
     mut stream: R,
     mut session: Session,
     heartbeat: Duration,
     shutdown: impl std::future::Future<Output = ()>,
+    mut on_text: impl FnMut(&str),
 ) -> Ended
 where
     S: Sink<Message> + Unpin,
@@ -84,8 +100,12 @@ where
             },
             inbound = stream.next() => match inbound {
                 Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return Ended::ClientClosed,
-                // Pongs, pings and anything else the client says prove it is alive;
-                // clients send over REST, not here.
+                // Acks (see `acks.rs`); anything the client says proves it is alive.
+                Some(Ok(Message::Text(text))) => {
+                    last_heard = Instant::now();
+                    on_text(text.as_str());
+                }
+                // Pongs, pings and binary frames: alive, nothing more.
                 Some(Ok(_)) => last_heard = Instant::now(),
             },
             _ = ticker.tick() => {

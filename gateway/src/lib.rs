@@ -3,6 +3,7 @@
 //! chat.presence which users it holds ([`presence`]), and pushes the fanout lists of its
 //! chat.deliveries partition to them ([`deliveries`]).
 
+pub mod acks;
 pub mod client;
 pub mod connection;
 pub mod deliveries;
@@ -59,7 +60,18 @@ pub struct Settings {
     pub registry: RegistrySettings,
     pub presence: PresenceSettings,
     pub deliveries: DeliveriesSettings,
+    pub acks: AcksSettings,
     pub readers: ReaderSettings,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AcksSettings {
+    /// Where clients' `ack` frames go (delivered ticks): `chat.delivery-acks`.
+    pub topic: String,
+    /// How long an ack may wait for the broker before it is given up (the next one
+    /// covers it).
+    pub produce_timeout_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -136,6 +148,22 @@ pub async fn run(
         .set("message.timeout.ms", settings.presence.lease_ms.to_string())
         .create()
         .context("creating the Kafka producer")?;
+    let acks = acks::Acks {
+        producer: settings
+            .kafka
+            .producer()
+            .set(
+                "message.timeout.ms",
+                settings.acks.produce_timeout_ms.to_string(),
+            )
+            .create()
+            .context("creating the Kafka producer of acks")?,
+        codec: registry
+            .receipt_codec_for(&format!("{}-value", settings.acks.topic))
+            .await
+            .context("registering the acks' schema")?,
+        topic: settings.acks.topic.clone(),
+    };
     let sessions = Sessions::new(settings.sessions.queue_bound).with_caps(
         settings.sessions.max_sessions,
         settings.sessions.max_sessions_per_user,
@@ -235,6 +263,7 @@ pub async fn run(
         read_buffer_bytes: settings.sessions.read_buffer_bytes,
         max_client_message_bytes: settings.sessions.max_client_message_bytes,
         shutdown: stop_rx.clone(),
+        acks,
     };
     tracing::info!(
         addr = %listener.local_addr()?,
@@ -319,6 +348,8 @@ pub struct Gateway {
     /// The largest message a client may send; larger closes the connection.
     pub max_client_message_bytes: usize,
     pub shutdown: tokio::sync::watch::Receiver<bool>,
+    /// Where clients' `ack` frames go.
+    pub acks: acks::Acks,
 }
 
 impl Gateway {
@@ -424,7 +455,11 @@ async fn ws(State(gw): State<Gateway>, headers: HeaderMap, upgrade: WebSocketUpg
             let shutdown = async move {
                 let _ = stop.wait_for(|s| *s).await;
             };
-            let ended = connection::serve(sink, stream, session, gw.heartbeat, shutdown).await;
+            let acks = gw.acks.clone();
+            let on_text = move |text: &str| acks.handle(user, text);
+            let ended =
+                connection::serve_with(sink, stream, session, gw.heartbeat, shutdown, on_text)
+                    .await;
             gw.sessions.leave(user, id);
             tracing::debug!(%user, session = id, ?ended, "connection ended");
         })

@@ -28,6 +28,15 @@ async fn start_with(sessions: Sessions) -> (String, Sessions, TokenKeys) {
         read_buffer_bytes: 4096,
         max_client_message_bytes: 16 * 1024,
         shutdown,
+        // No broker here: an ack a test sent would be queued and never delivered.
+        acks: gateway::acks::Acks {
+            producer: rdkafka::ClientConfig::new()
+                .set("bootstrap.servers", "127.0.0.1:1")
+                .create()
+                .unwrap(),
+            codec: chatpipe_schemas::receipt::ReceiptCodec::new(1),
+            topic: "no-broker".into(),
+        },
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

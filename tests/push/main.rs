@@ -227,6 +227,81 @@ async fn a_delivery_ack_reaches_the_senders_devices_as_delivery_updated() {
     p.cleanup().await;
 }
 
+/// The WebSocket ack: a member's device says what it got; the acks reader moves the
+/// delivery watermark and the sender sees the tick. A stranger's ack moves nothing, and
+/// frames that are not acks leave the connection open.
+#[tokio::test]
+async fn an_ack_over_the_websocket_moves_the_delivery_watermark_and_a_strangers_does_not() {
+    let p = spawn_pipeline().await;
+    let _receipts = p.start_receipts(p.receipts_settings());
+    let fanout = p.start_fanout(p.fanout_settings());
+    let gw = p.start_gateway(p.gateway_settings("gw", 0)).await;
+    let (alice, bob, stranger) = (1, 2, 9);
+    let conversation = p.app.user(alice).create_group(&[bob]).await;
+    let mut alice_ws = p.connect(&gw.url, alice).await;
+    let mut bob_ws = p.connect(&gw.url, bob).await;
+    let mut stranger_ws = p.connect(&gw.url, stranger).await;
+    fanout.wait_online(&[alice, bob], PRESENCE_DEADLINE).await;
+    let mut seq = 0;
+    for i in 0..3 {
+        seq = p
+            .app
+            .user(alice)
+            .send_message(conversation, &format!("m{i}"))
+            .await;
+    }
+    bob_ws
+        .until(PUSH_DEADLINE, is_message(conversation, seq))
+        .await;
+    let ack = |seq: i64| format!(r#"{{"type":"ack","conversationId":{conversation},"seq":{seq}}}"#);
+    stranger_ws.send_text(&ack(seq)).await;
+    for junk in [
+        "not json",
+        r#"{"type":"ack","seq":1}"#,
+        r#"{"type":"wave"}"#,
+    ] {
+        bob_ws.send_text(junk).await;
+    }
+    bob_ws.send_text(&ack(seq)).await;
+
+    let (frame, _) = alice_ws
+        .until(PUSH_DEADLINE, |f| f["type"] == "delivery.updated")
+        .await;
+    assert_eq!(
+        (frame["userId"].clone(), frame["lastDeliveredSeq"].clone()),
+        (bob.into(), seq.into())
+    );
+    let (read, delivered): (i64, i64) = sqlx::query_as(
+        "SELECT last_read_seq, last_delivered_seq FROM conversation_member
+          WHERE conversation_id = $1 AND user_id = $2",
+    )
+    .bind(conversation)
+    .bind(bob)
+    .fetch_one(&p.app.pool)
+    .await
+    .unwrap();
+    assert_eq!((read, delivered), (0, seq));
+    assert_eq!(
+        p.app
+            .count(&format!(
+                "SELECT count(*) FROM conversation_member WHERE user_id = {stranger}"
+            ))
+            .await,
+        0
+    );
+    // Bob's connection is still open: the next message reaches it.
+    let next = p
+        .app
+        .user(alice)
+        .send_message(conversation, "still there?")
+        .await;
+    bob_ws
+        .until(PUSH_DEADLINE, is_message(conversation, next))
+        .await;
+    gw.stop().await.unwrap();
+    p.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_1000_member_group_pushes_light_to_its_50_online_members_and_the_rest_catch_up() {
     let p = spawn_pipeline().await;

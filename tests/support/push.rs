@@ -72,6 +72,7 @@ impl Pipeline {
         s.presence.renew_ms = 1_000;
         s.deliveries.topic = self.deliveries_topic();
         s.deliveries.partition = partition;
+        s.acks.topic = self.acks_topic.clone();
         s
     }
 
@@ -366,6 +367,14 @@ impl WsClient {
 
     pub async fn close(mut self) {
         let _ = self.ws.close(None).await;
+    }
+
+    /// Sends a text frame, as a client acks (`{"type": "ack", …}`).
+    pub async fn send_text(&mut self, text: &str) {
+        self.ws
+            .send(Message::Text(text.to_owned().into()))
+            .await
+            .expect("sending a frame");
     }
 
     /// Keeps reading in the background (answering pings, as a real client does while
