@@ -199,7 +199,8 @@ async fn a_direct_chat_shows_read_once_the_peer_has_read() {
     bob.mark_read(conv, seq).await;
     assert_eq!(
         alice.get(&path).await.expect(200),
-        json!({"conversationId": conv, "seq": seq, "read": true})
+        json!({"conversationId": conv, "seq": seq, "read": true, "delivered": true}),
+        "reading implies delivery"
     );
     // A seq past the end names no message.
     alice
