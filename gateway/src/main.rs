@@ -33,6 +33,14 @@ enum Command {
         /// Stop after this many seconds.
         #[arg(long)]
         timeout_secs: Option<u64>,
+        /// Ack every message.new as it arrives, as a client does once it has stored it
+        /// (`{"type":"ack",…}`: the senders see the delivered tick).
+        #[arg(long)]
+        ack: bool,
+        /// Send each line of standard input as a frame (e.g.
+        /// `{"type":"ack","conversationId":7,"seq":12}`).
+        #[arg(long)]
+        stdin: bool,
     },
 }
 
@@ -53,10 +61,12 @@ async fn main() -> anyhow::Result<()> {
             url,
             count,
             timeout_secs,
+            ack,
+            stdin,
         } => {
             let keys = settings.auth.token_keys()?;
             let token = keys.issue(user, Duration::from_secs(3600));
-            let watch = watch(&url, &token, count);
+            let watch = watch(&url, &token, count, ack, stdin);
             match timeout_secs {
                 Some(s) => tokio::time::timeout(Duration::from_secs(s), watch)
                     .await
@@ -67,30 +77,64 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
-async fn watch(url: &str, token: &str, count: Option<usize>) -> anyhow::Result<()> {
+async fn watch(
+    url: &str,
+    token: &str,
+    count: Option<usize>,
+    ack: bool,
+    stdin: bool,
+) -> anyhow::Result<()> {
+    use futures::SinkExt;
+    use tokio::io::AsyncBufReadExt;
     use tokio_tungstenite::tungstenite::Message;
-    let mut ws = gateway::client::connect(url, token)
+    let ws = gateway::client::connect(url, token)
         .await
         .with_context(|| format!("connecting to {url}"))?;
     eprintln!("connected to {url}");
+    let (mut sink, mut frames) = ws.split();
+    let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
     let mut seen = 0;
-    while let Some(frame) = ws.next().await {
-        match frame? {
-            Message::Text(text) => {
-                println!("{text}");
-                seen += 1;
-                if count.is_some_and(|c| seen >= c) {
-                    break;
+    loop {
+        tokio::select! {
+            frame = frames.next() => {
+                let Some(frame) = frame else { break };
+                match frame? {
+                    Message::Text(text) => {
+                        println!("{text}");
+                        if let Some(ack) = ack.then(|| ack_for(&text)).flatten() {
+                            sink.send(Message::Text(ack.into())).await?;
+                        }
+                        seen += 1;
+                        if count.is_some_and(|c| seen >= c) {
+                            break;
+                        }
+                    }
+                    Message::Close(reason) => {
+                        eprintln!("closed: {reason:?}");
+                        break;
+                    }
+                    _ => {}
                 }
             }
-            Message::Close(reason) => {
-                eprintln!("closed: {reason:?}");
-                break;
-            }
-            _ => {}
+            line = lines.next_line(), if stdin => match line? {
+                Some(line) if !line.trim().is_empty() => {
+                    sink.send(Message::Text(line.into())).await?;
+                }
+                Some(_) => {}
+                None => break,
+            },
         }
     }
     Ok(())
+}
+
+/// The ack of a `message.new` frame: `{"type":"ack","conversationId":…,"seq":…}`.
+fn ack_for(frame: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(frame).ok()?;
+    (v["type"] == "message.new").then(|| {
+        serde_json::json!({"type": "ack", "conversationId": v["conversationId"], "seq": v["seq"]})
+            .to_string()
+    })
 }
 
 async fn shutdown_signal() {
@@ -98,4 +142,24 @@ async fn shutdown_signal() {
         .expect("SIGTERM handler");
     tokio::select! { _ = tokio::signal::ctrl_c() => {}, _ = term.recv() => {} }
     tracing::info!("stopping: draining queues, closing connections with 1001");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ack_for;
+
+    #[test]
+    fn a_message_new_frame_is_acked_and_nothing_else() {
+        let ack = ack_for(r#"{"type":"message.new","conversationId":7,"seq":12,"body":"x"}"#);
+        let ack: serde_json::Value = serde_json::from_str(&ack.unwrap()).unwrap();
+        assert_eq!(
+            ack,
+            serde_json::json!({"type": "ack", "conversationId": 7, "seq": 12})
+        );
+        assert_eq!(
+            ack_for(r#"{"type":"read.updated","conversationId":7}"#),
+            None
+        );
+        assert_eq!(ack_for("not json"), None);
+    }
 }
