@@ -6,7 +6,7 @@
 //! `<topic>.dlq`, and a stalled reader turns `/readyz` red.
 
 use chatpipe_schemas::delivery::{
-    Delivery, DELIVERY_UPDATED, MESSAGE_DELETED, MESSAGE_EDITED, MESSAGE_NEW, READ_UPDATED,
+    Delivery, DELIVERY_UPDATED, MESSAGE_DELETED, MESSAGE_EDITED, MESSAGE_NEW, READ_UPDATED, TYPING,
 };
 use pipeline::runtime::{Failure, Position, Processor};
 use serde_json::json;
@@ -66,6 +66,12 @@ pub fn frame(d: &Delivery) -> Option<serde_json::Value> {
             "userId": d.user_id,
             "lastDeliveredSeq": d.last_delivered_seq,
         }),
+        // Show it until 6 s after the last one (docs/protocol.md).
+        TYPING => json!({
+            "type": kind,
+            "conversationId": d.conversation_id,
+            "userId": d.user_id,
+        }),
         _ => return None,
     })
 }
@@ -107,7 +113,9 @@ pub async fn push(mut lists: tokio::sync::mpsc::Receiver<Delivery>, sessions: Se
         };
         let text = frame.to_string();
         metrics::counter!("gateway_deliveries_total").increment(1);
-        sessions.push_committed(&d.user_ids, &text, Some(d.occurred_at));
+        // Push latency is measured from commits; typing is committed nowhere.
+        let committed = (d.event_type != TYPING).then_some(d.occurred_at);
+        sessions.push_committed(&d.user_ids, &text, committed);
         tokio::task::yield_now().await;
     }
 }

@@ -3,12 +3,12 @@
 //! chat.presence which users it holds ([`presence`]), and pushes the fanout lists of its
 //! chat.deliveries partition to them ([`deliveries`]).
 
-pub mod acks;
 pub mod client;
 pub mod connection;
 pub mod deliveries;
 pub mod presence;
 pub mod sessions;
+pub mod signals;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -60,17 +60,23 @@ pub struct Settings {
     pub registry: RegistrySettings,
     pub presence: PresenceSettings,
     pub deliveries: DeliveriesSettings,
-    pub acks: AcksSettings,
+    pub signals: SignalSettings,
     pub readers: ReaderSettings,
 }
 
+/// Where what clients say over the socket goes (`signals.rs`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct AcksSettings {
-    /// Where clients' `ack` frames go (delivered ticks): `chat.delivery-acks`.
-    pub topic: String,
-    /// How long an ack may wait for the broker before it is given up (the next one
-    /// covers it).
+pub struct SignalSettings {
+    /// `ack` frames (delivered ticks): `chat.delivery-acks`.
+    pub acks_topic: String,
+    /// `typing` frames: `chat.ephemeral`.
+    pub ephemeral_topic: String,
+    /// At most one typing signal per conversation per this long leaves a connection
+    /// (fanout throttles per user to its own interval).
+    pub typing_interval_ms: u64,
+    /// How long a signal may wait for the broker before it is given up (acks are
+    /// cumulative: the next covers it; typing late is worth nothing).
     pub produce_timeout_ms: u64,
 }
 
@@ -148,21 +154,25 @@ pub async fn run(
         .set("message.timeout.ms", settings.presence.lease_ms.to_string())
         .create()
         .context("creating the Kafka producer")?;
-    let acks = acks::Acks {
+    let sig = &settings.signals;
+    let signals = signals::Signals {
         producer: settings
             .kafka
             .producer()
-            .set(
-                "message.timeout.ms",
-                settings.acks.produce_timeout_ms.to_string(),
-            )
+            .set("message.timeout.ms", sig.produce_timeout_ms.to_string())
             .create()
-            .context("creating the Kafka producer of acks")?,
-        codec: registry
-            .receipt_codec_for(&format!("{}-value", settings.acks.topic))
+            .context("creating the Kafka producer of client signals")?,
+        acks_codec: registry
+            .receipt_codec_for(&format!("{}-value", sig.acks_topic))
             .await
             .context("registering the acks' schema")?,
-        topic: settings.acks.topic.clone(),
+        acks_topic: sig.acks_topic.clone(),
+        ephemeral_codec: registry
+            .ephemeral_codec_for(&format!("{}-value", sig.ephemeral_topic))
+            .await
+            .context("registering the chat.ephemeral schema")?,
+        ephemeral_topic: sig.ephemeral_topic.clone(),
+        typing_interval: Duration::from_millis(sig.typing_interval_ms),
     };
     let sessions = Sessions::new(settings.sessions.queue_bound).with_caps(
         settings.sessions.max_sessions,
@@ -263,7 +273,7 @@ pub async fn run(
         read_buffer_bytes: settings.sessions.read_buffer_bytes,
         max_client_message_bytes: settings.sessions.max_client_message_bytes,
         shutdown: stop_rx.clone(),
-        acks,
+        signals,
     };
     tracing::info!(
         addr = %listener.local_addr()?,
@@ -348,8 +358,8 @@ pub struct Gateway {
     /// The largest message a client may send; larger closes the connection.
     pub max_client_message_bytes: usize,
     pub shutdown: tokio::sync::watch::Receiver<bool>,
-    /// Where clients' `ack` frames go.
-    pub acks: acks::Acks,
+    /// Where clients' `ack` and `typing` frames go.
+    pub signals: signals::Signals,
 }
 
 impl Gateway {
@@ -455,8 +465,8 @@ async fn ws(State(gw): State<Gateway>, headers: HeaderMap, upgrade: WebSocketUpg
             let shutdown = async move {
                 let _ = stop.wait_for(|s| *s).await;
             };
-            let acks = gw.acks.clone();
-            let on_text = move |text: &str| acks.handle(user, text);
+            let mut signals = gw.signals.connection(user);
+            let on_text = move |text: &str| signals.handle(text);
             let ended =
                 connection::serve_with(sink, stream, session, gw.heartbeat, shutdown, on_text)
                     .await;

@@ -29,13 +29,16 @@ async fn start_with(sessions: Sessions) -> (String, Sessions, TokenKeys) {
         max_client_message_bytes: 16 * 1024,
         shutdown,
         // No broker here: an ack a test sent would be queued and never delivered.
-        acks: gateway::acks::Acks {
+        signals: gateway::signals::Signals {
             producer: rdkafka::ClientConfig::new()
                 .set("bootstrap.servers", "127.0.0.1:1")
                 .create()
                 .unwrap(),
-            codec: chatpipe_schemas::receipt::ReceiptCodec::new(1),
-            topic: "no-broker".into(),
+            acks_codec: chatpipe_schemas::receipt::ReceiptCodec::new(1),
+            acks_topic: "no-broker".into(),
+            ephemeral_codec: chatpipe_schemas::ephemeral::EphemeralCodec::new(1),
+            ephemeral_topic: "no-broker".into(),
+            typing_interval: Duration::from_secs(1),
         },
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -54,6 +54,15 @@ pub struct ReceiptsSettings {
 pub struct FanoutSettings {
     pub events_topic: String,
     pub group: String,
+    /// Typing signals from the gateways (`chat.ephemeral`), read in a group of their own.
+    pub ephemeral_topic: String,
+    pub typing_group: String,
+    /// At most one typing push per (conversation, user) this often.
+    pub typing_throttle_ms: u64,
+    /// A typing signal older than this is dropped; clients show typing this long.
+    pub typing_expiry_ms: u64,
+    /// How long the typing reader trusts the members it read from PostgreSQL.
+    pub typing_members_ttl_ms: u64,
     pub presence_topic: String,
     pub deliveries_topic: String,
     pub light_threshold: usize,

@@ -37,12 +37,18 @@ pub const FANOUT_MEMBERS: Contract = Contract {
     schema: include_str!("../fanout_members.avsc"),
 };
 
-pub const ALL: [Contract; 5] = [
+pub const EPHEMERAL: Contract = Contract {
+    topic: "chat.ephemeral",
+    schema: include_str!("../ephemeral.avsc"),
+};
+
+pub const ALL: [Contract; 6] = [
     CHAT_EVENTS,
     READ_RECEIPTS,
     PRESENCE,
     DELIVERIES,
     FANOUT_MEMBERS,
+    EPHEMERAL,
 ];
 
 /// The compatibility level every subject is held to.

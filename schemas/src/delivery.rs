@@ -12,6 +12,8 @@ pub const READ_UPDATED: &str = "read.updated";
 pub const MESSAGE_EDITED: &str = "message.edited";
 pub const MESSAGE_DELETED: &str = "message.deleted";
 pub const DELIVERY_UPDATED: &str = "delivery.updated";
+/// Someone is typing: `userId`; never stored, from `chat.ephemeral`.
+pub const TYPING: &str = "typing";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

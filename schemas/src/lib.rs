@@ -12,6 +12,7 @@
 pub mod avro;
 pub mod contract;
 pub mod delivery;
+pub mod ephemeral;
 pub mod ids;
 pub mod members;
 pub mod presence;

@@ -271,6 +271,17 @@ impl Registry {
         Ok(crate::receipt::ReceiptCodec::new(id))
     }
 
+    /// Registers the chat.ephemeral schema under `subject` and returns a codec for it.
+    pub async fn ephemeral_codec_for(
+        &self,
+        subject: &str,
+    ) -> Result<crate::ephemeral::EphemeralCodec, RegistryError> {
+        let id = self
+            .register_schema(subject, crate::contract::EPHEMERAL.schema)
+            .await?;
+        Ok(crate::ephemeral::EphemeralCodec::new(id))
+    }
+
     /// Registers the chat.presence schema under `subject` and returns a codec for it.
     pub async fn presence_codec_for(
         &self,

@@ -7,6 +7,7 @@ mod gateway_restart;
 mod limits;
 mod membership;
 mod slow_client;
+mod typing;
 
 use std::time::Duration;
 

@@ -37,6 +37,8 @@ impl Pipeline {
         s.fanout.presence_topic = self.presence_topic();
         s.fanout.deliveries_topic = self.deliveries_topic();
         s.fanout.changelog_topic = format!("{}.chat.fanout-members", self.ns);
+        s.fanout.ephemeral_topic = self.ephemeral_topic.clone();
+        s.fanout.typing_group = format!("{}-typing", self.ns);
         s
     }
 
@@ -72,7 +74,8 @@ impl Pipeline {
         s.presence.renew_ms = 1_000;
         s.deliveries.topic = self.deliveries_topic();
         s.deliveries.partition = partition;
-        s.acks.topic = self.acks_topic.clone();
+        s.signals.acks_topic = self.acks_topic.clone();
+        s.signals.ephemeral_topic = self.ephemeral_topic.clone();
         s
     }
 

@@ -58,6 +58,8 @@ pub struct Pipeline {
     pub receipts_topic: String,
     /// `<ns>.chat.delivery-acks` (and its `.dlq`).
     pub acks_topic: String,
+    /// `<ns>.chat.ephemeral` (and its `.dlq`): typing.
+    pub ephemeral_topic: String,
     pub database_url: String,
     pub events_subject: String,
     pub connector: String,
@@ -102,6 +104,9 @@ pub async fn spawn_pipeline_with(reads: ReadMode) -> Pipeline {
     create_topic(&format!("{receipts_topic}.dlq"), 1).await;
     create_topic(&acks_topic, 6).await;
     create_topic(&format!("{acks_topic}.dlq"), 1).await;
+    let ephemeral_topic = format!("{ns}.chat.ephemeral");
+    create_topic(&ephemeral_topic, 6).await;
+    create_topic(&format!("{ephemeral_topic}.dlq"), 1).await;
     create_topic(&format!("{topic}.dlq"), 1).await;
     create_topic_with(
         &format!("{ns}.chat.presence"),
@@ -149,6 +154,7 @@ pub async fn spawn_pipeline_with(reads: ReadMode) -> Pipeline {
         ns,
         receipts_topic,
         acks_topic,
+        ephemeral_topic,
         database_url,
         events_subject,
         topic,

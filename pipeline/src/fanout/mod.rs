@@ -25,6 +25,7 @@ pub mod members;
 pub mod online;
 pub mod plan;
 pub mod presence;
+pub mod typing;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -108,11 +109,79 @@ pub fn spawn(
             run_presence(&settings, &stop, health, status, caught_up)
         });
     }
+    {
+        let health = readiness.reader("fanout-typing", "fanout_typing", stall_after);
+        let (settings, status) = (settings.clone(), status.clone());
+        supervisor.spawn_thread("fanout-typing", move |stop| {
+            run_typing(&settings, &stop, health, status)
+        });
+    }
     let health = readiness.reader("fanout-events", "fanout", stall_after);
     let settings = settings.clone();
     supervisor.spawn_thread("fanout-events", move |stop| {
         run_events(&settings, &stop, health, status, caught_up)
     });
+}
+
+/// The typing reader ([`typing`]): chat.ephemeral, a group of its own.
+fn run_typing(
+    settings: &Settings,
+    stop: &AtomicBool,
+    health: Arc<ReaderHealth>,
+    status: Arc<Status>,
+) -> anyhow::Result<()> {
+    let cfg = settings.fanout.clone();
+    let rt = reader_runtime()?;
+    let registry = settings.registry_client()?;
+    let started = retry_until(stop, &settings.readers, "fanout-typing: starting", || {
+        rt.block_on(async {
+            let codec = registry
+                .delivery_codec_for(&format!("{}-value", cfg.deliveries_topic))
+                .await?;
+            let pool = settings.database.connect().await?;
+            anyhow::Ok((codec, pool))
+        })
+    });
+    let Some((codec, pool)) = started else {
+        return Ok(());
+    };
+    let producer: rdkafka::producer::BaseProducer = settings
+        .kafka
+        .producer()
+        .set("linger.ms", "1")
+        // A typing list not delivered within its expiry is worth nothing.
+        .set("message.timeout.ms", cfg.typing_expiry_ms.to_string())
+        .create()
+        .context("creating the typing producer")?;
+    let processor = typing::Typing {
+        handle: rt.handle().clone(),
+        pool,
+        codec,
+        producer,
+        status,
+        members: HashMap::new(),
+        pushed: HashMap::new(),
+        read: HashMap::new(),
+        next_sweep: Instant::now(),
+        cfg: cfg.clone(),
+    };
+    let spec = ReaderSpec::group(
+        "fanout-typing",
+        "fanout_typing",
+        &cfg.ephemeral_topic,
+        &cfg.typing_group,
+        cfg.max_poll_ms,
+        &settings.readers,
+    );
+    let reader = Reader::new(
+        spec,
+        settings.kafka.client(),
+        processor,
+        WriterSchemas::new(registry, rt.handle().clone()),
+        health,
+        rt.handle().clone(),
+    )?;
+    reader.run(stop)
 }
 
 /// Runs the fanout processor until `stop` is set. Blocking: call it from a thread.

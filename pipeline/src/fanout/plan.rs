@@ -46,6 +46,16 @@ fn by_gateway<'a>(
     lists
 }
 
+/// `template` to those of `users` online now, one list per gateway.
+pub fn route_to<'a>(
+    users: impl IntoIterator<Item = &'a UserId>,
+    online: &Online,
+    now_ms: i64,
+    template: &Delivery,
+) -> Vec<Routed> {
+    route(by_gateway(users, online, now_ms), template)
+}
+
 fn route(lists: Lists, template: &Delivery) -> Vec<Routed> {
     lists
         .into_iter()

@@ -83,6 +83,13 @@ impl Decode for ReadReceipt {
     }
 }
 
+impl Decode for chatpipe_schemas::ephemeral::Ephemeral {
+    fn decode(message: &impl Message, schemas: &mut WriterSchemas) -> Result<Self, Failure> {
+        let (writer, bytes) = schemas.framed(message)?;
+        Self::decode_with(writer, bytes).map_err(poison)
+    }
+}
+
 impl Decode for Delivery {
     fn decode(message: &impl Message, schemas: &mut WriterSchemas) -> Result<Self, Failure> {
         let (writer, bytes) = schemas.framed(message)?;
