@@ -183,13 +183,7 @@ async fn the_sender_or_a_group_admin_deletes_others_are_refused_and_the_body_is_
 #[tokio::test]
 async fn in_a_direct_conversation_only_the_sender_deletes() {
     let app = spawn_app().await;
-    let conv = app
-        .user(10)
-        .post("/direct", json!({"peerId": 20}))
-        .await
-        .expect(201)["conversationId"]
-        .as_i64()
-        .unwrap();
+    let conv = app.user(10).open_direct(20).await;
     let seq = app.user(10).send_message(conv, "mine").await;
     app.user(20)
         .delete(&message_path(conv, seq))

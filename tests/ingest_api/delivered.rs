@@ -104,13 +104,7 @@ async fn delivery_moves_forward_is_clamped_and_never_falls_below_read() {
 #[tokio::test]
 async fn a_direct_conversation_says_delivered_and_a_joiner_starts_delivered() {
     let app = spawn_app().await;
-    let conv = app
-        .user(10)
-        .post("/direct", json!({"peerId": 20}))
-        .await
-        .expect(201)["conversationId"]
-        .as_i64()
-        .unwrap();
+    let conv = app.user(10).open_direct(20).await;
     let seq = app.user(10).send_message(conv, "hi").await;
     let path = format!("/conversations/{conv}/messages/{seq}/receipts");
     let r = app.user(10).get(&path).await.expect(200);

@@ -435,6 +435,15 @@ impl Client<'_> {
 
     // Domain shortcuts used by many tests.
 
+    /// Opens the DIRECT conversation with `peer` (new: 201); returns its id.
+    pub async fn open_direct(&self, peer: i64) -> i64 {
+        let body = self
+            .post("/direct", serde_json::json!({"peerId": peer}))
+            .await
+            .expect(201);
+        body["conversationId"].as_i64().expect("conversationId")
+    }
+
     /// Creates a GROUP with these other members; returns its id.
     pub async fn create_group(&self, members: &[i64]) -> i64 {
         let body = self

@@ -70,8 +70,45 @@ fn route(lists: Lists, template: &Delivery) -> Vec<Routed> {
         .collect()
 }
 
-/// message.new to every online member, the sender's other devices included. Above
-/// `light_threshold` members the list carries only `{conversationId, seq}`.
+/// A list of `kind` for `conversation`, committed at `occurred_at` (microseconds), with
+/// nothing else filled in.
+pub fn template(kind: &str, conversation: ConversationId, occurred_at: i64) -> Delivery {
+    Delivery {
+        gateway_id: String::new(),
+        user_ids: Vec::new(),
+        light: false,
+        event_type: kind.into(),
+        conversation_id: conversation,
+        seq: None,
+        sender_id: None,
+        body: None,
+        user_id: None,
+        last_read_seq: None,
+        last_delivered_seq: None,
+        occurred_at,
+    }
+}
+
+/// A message's list to every online member; above `light_threshold` members it carries
+/// only `{conversationId, seq}` (the client fetches the message).
+fn message_to_members(
+    mut full: Delivery,
+    members: &HashSet<UserId>,
+    online: &Online,
+    now_ms: i64,
+    light_threshold: usize,
+) -> Vec<Routed> {
+    if members.len() > light_threshold {
+        full = Delivery {
+            light: true,
+            seq: full.seq,
+            ..template(&full.event_type, full.conversation_id, full.occurred_at)
+        };
+    }
+    route(by_gateway(members, online, now_ms), &full)
+}
+
+/// message.new to every online member, the sender's other devices included.
 pub fn message_new(
     e: &MessageNew,
     members: &HashSet<UserId>,
@@ -79,26 +116,20 @@ pub fn message_new(
     now_ms: i64,
     light_threshold: usize,
 ) -> Vec<Routed> {
-    let light = members.len() > light_threshold;
-    let template = Delivery {
-        gateway_id: String::new(),
-        user_ids: Vec::new(),
-        light,
-        event_type: MESSAGE_NEW.into(),
-        conversation_id: e.conversation_id,
+    let full = Delivery {
         seq: Some(e.seq),
-        sender_id: (!light).then_some(e.sender_id),
-        body: (!light).then(|| e.body.clone()),
-        user_id: None,
-        last_read_seq: None,
-        last_delivered_seq: None,
-        occurred_at: e.created_at.timestamp_micros(),
+        sender_id: Some(e.sender_id),
+        body: Some(e.body.clone()),
+        ..template(
+            MESSAGE_NEW,
+            e.conversation_id,
+            e.created_at.timestamp_micros(),
+        )
     };
-    route(by_gateway(members, online, now_ms), &template)
+    message_to_members(full, members, online, now_ms, light_threshold)
 }
 
-/// message.edited to every online member, as message.new goes: the new body, or above
-/// `light_threshold` members only `{conversationId, seq}` (the client refetches it).
+/// message.edited to every online member, as message.new goes, with the new body.
 pub fn message_edited(
     e: &MessageEdited,
     members: &HashSet<UserId>,
@@ -106,26 +137,20 @@ pub fn message_edited(
     now_ms: i64,
     light_threshold: usize,
 ) -> Vec<Routed> {
-    let light = members.len() > light_threshold;
-    let template = Delivery {
-        gateway_id: String::new(),
-        user_ids: Vec::new(),
-        light,
-        event_type: MESSAGE_EDITED.into(),
-        conversation_id: e.conversation_id,
+    let full = Delivery {
         seq: Some(e.seq),
-        sender_id: (!light).then_some(e.sender_id),
-        body: (!light).then(|| e.body.clone()),
-        user_id: None,
-        last_read_seq: None,
-        last_delivered_seq: None,
-        occurred_at: e.edited_at.timestamp_micros(),
+        sender_id: Some(e.sender_id),
+        body: Some(e.body.clone()),
+        ..template(
+            MESSAGE_EDITED,
+            e.conversation_id,
+            e.edited_at.timestamp_micros(),
+        )
     };
-    route(by_gateway(members, online, now_ms), &template)
+    message_to_members(full, members, online, now_ms, light_threshold)
 }
 
-/// message.deleted to every online member: never a body; who sent and who deleted it
-/// unless light.
+/// message.deleted to every online member: never a body; who sent and who deleted it.
 pub fn message_deleted(
     e: &MessageDeleted,
     members: &HashSet<UserId>,
@@ -133,22 +158,17 @@ pub fn message_deleted(
     now_ms: i64,
     light_threshold: usize,
 ) -> Vec<Routed> {
-    let light = members.len() > light_threshold;
-    let template = Delivery {
-        gateway_id: String::new(),
-        user_ids: Vec::new(),
-        light,
-        event_type: MESSAGE_DELETED.into(),
-        conversation_id: e.conversation_id,
+    let full = Delivery {
         seq: Some(e.seq),
-        sender_id: (!light).then_some(e.sender_id),
-        body: None,
-        user_id: (!light).then_some(e.deleted_by),
-        last_read_seq: None,
-        last_delivered_seq: None,
-        occurred_at: e.deleted_at.timestamp_micros(),
+        sender_id: Some(e.sender_id),
+        user_id: Some(e.deleted_by),
+        ..template(
+            MESSAGE_DELETED,
+            e.conversation_id,
+            e.deleted_at.timestamp_micros(),
+        )
     };
-    route(by_gateway(members, online, now_ms), &template)
+    message_to_members(full, members, online, now_ms, light_threshold)
 }
 
 /// read.updated for a conversation up to `light_threshold` members: to every online
@@ -170,18 +190,13 @@ pub fn read_updated_to_reader(e: &ReadUpdated, online: &Online, now_ms: i64) -> 
 
 fn read_template(e: &ReadUpdated) -> Delivery {
     Delivery {
-        gateway_id: String::new(),
-        user_ids: Vec::new(),
-        light: false,
-        event_type: READ_UPDATED.into(),
-        conversation_id: e.conversation_id,
-        seq: None,
-        sender_id: None,
-        body: None,
         user_id: Some(e.user_id),
         last_read_seq: Some(e.last_read_seq),
-        last_delivered_seq: None,
-        occurred_at: e.occurred_at.timestamp_micros(),
+        ..template(
+            READ_UPDATED,
+            e.conversation_id,
+            e.occurred_at.timestamp_micros(),
+        )
     }
 }
 
@@ -193,21 +208,16 @@ pub fn delivery_updated(
     online: &Online,
     now_ms: i64,
 ) -> Vec<Routed> {
-    let template = Delivery {
-        gateway_id: String::new(),
-        user_ids: Vec::new(),
-        light: false,
-        event_type: DELIVERY_UPDATED.into(),
-        conversation_id: e.conversation_id,
-        seq: None,
-        sender_id: None,
-        body: None,
+    let delivery = Delivery {
         user_id: Some(e.user_id),
-        last_read_seq: None,
         last_delivered_seq: Some(e.last_delivered_seq),
-        occurred_at: e.occurred_at.timestamp_micros(),
+        ..template(
+            DELIVERY_UPDATED,
+            e.conversation_id,
+            e.occurred_at.timestamp_micros(),
+        )
     };
-    route(by_gateway(members, online, now_ms), &template)
+    route(by_gateway(members, online, now_ms), &delivery)
 }
 
 /// read.updated and delivery.updated in large groups, coalesced per conversation and
@@ -271,21 +281,13 @@ impl Coalescer {
                 continue;
             };
             let read = kind == READ_UPDATED;
-            let template = Delivery {
-                gateway_id: String::new(),
-                user_ids: Vec::new(),
+            let delivery = Delivery {
                 light: true,
-                event_type: kind.into(),
-                conversation_id,
-                seq: None,
-                sender_id: None,
-                body: None,
-                user_id: None,
                 last_read_seq: read.then_some(seq),
                 last_delivered_seq: (!read).then_some(seq),
-                occurred_at,
+                ..template(kind, conversation_id, occurred_at)
             };
-            out.extend(route(by_gateway(members, online, now_ms), &template));
+            out.extend(route(by_gateway(members, online, now_ms), &delivery));
         }
         out
     }

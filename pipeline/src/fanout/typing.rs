@@ -182,17 +182,11 @@ impl Processor for Typing {
 /// The template of a typing list (its users filled in per gateway).
 pub fn template(e: &Ephemeral) -> Delivery {
     Delivery {
-        gateway_id: String::new(),
-        user_ids: Vec::new(),
-        light: false,
-        event_type: chatpipe_schemas::delivery::TYPING.into(),
-        conversation_id: e.conversation_id,
-        seq: None,
-        sender_id: None,
-        body: None,
         user_id: Some(e.user_id),
-        last_read_seq: None,
-        last_delivered_seq: None,
-        occurred_at: e.at.timestamp_micros(),
+        ..plan::template(
+            chatpipe_schemas::delivery::TYPING,
+            e.conversation_id,
+            e.at.timestamp_micros(),
+        )
     }
 }
