@@ -8,6 +8,11 @@
 //!
 //!   eval "$(scripts/stack env)"; target/release/read-storm [--receipts 100000] [--repeat 3]
 //!
+//! `--acks` storms delivery acks instead (`POST /conversations/{id}/delivered`,
+//! `chat.delivery-acks`, `last_delivered_seq`, `delivery.updated`): the ack storm of
+//! issue 15 is `--acks --directs 0` (1,000 members, 100 acks each). It also prints how
+//! long after the last answer every watermark was final.
+//!
 //! Each phase gets a fresh database seeded the same way, and the order of the two phases
 //! alternates between runs. A phase ends when every request was answered, every receipt
 //! on the topic was consumed (the receipts group's committed offsets reach the end of
@@ -57,8 +62,44 @@ struct Args {
     database_url: String,
     #[command(flatten)]
     stack: chatpipe_tests::bench::StackArgs,
+    /// Delivery acks instead of reads.
+    #[arg(long)]
+    acks: bool,
     #[arg(long, default_value = "target/bench/read-storm.json")]
     out: String,
+}
+
+/// What the storm moves: the route, the topic, the watermark column and its event.
+struct Storm {
+    route: &'static str,
+    /// How the statement that moves the watermarks starts (pg_stat_statements' text).
+    update: &'static str,
+    topic: &'static str,
+    column: &'static str,
+    event: &'static str,
+}
+
+impl Args {
+    fn storm(&self) -> Storm {
+        if self.acks {
+            Storm {
+                route: "delivered",
+                // chatpipe_core::watermark::deliver: the UPDATE in a CTE.
+                update: "WITH b AS (",
+                topic: "chat.delivery-acks",
+                column: "last_delivered_seq",
+                event: "delivery.updated",
+            }
+        } else {
+            Storm {
+                route: "read",
+                update: "UPDATE conversation_member",
+                topic: "chat.read-receipts",
+                column: "last_read_seq",
+                event: "read.updated",
+            }
+        }
+    }
 }
 
 const LAST_SEQ: i64 = 100;
@@ -85,6 +126,8 @@ impl Path {
 /// What one phase measured. Every count comes from PostgreSQL or Kafka.
 struct Phase {
     path: Path,
+    /// The storm's watermark statement ([`Storm::update`]).
+    update: &'static str,
     /// Every request answered.
     answered: Duration,
     /// Every receipt consumed and every watermark final.
@@ -96,8 +139,13 @@ struct Phase {
 }
 
 impl Phase {
+    /// From the last answer until every watermark was final.
+    fn settled(&self) -> Duration {
+        self.converged.saturating_sub(self.answered)
+    }
+
     fn update_statements(&self) -> i64 {
-        self.db.calls("UPDATE conversation_member")
+        self.db.calls(self.update)
     }
 
     fn rows_updated(&self) -> i64 {
@@ -115,6 +163,7 @@ impl Phase {
             "answered_s": self.answered.as_secs_f64(),
             "requests_per_s": receipts / self.answered.as_secs_f64(),
             "converged_s": self.converged.as_secs_f64(),
+            "final_after_last_answer_s": self.settled().as_secs_f64(),
             "receipts_per_s": receipts / self.converged.as_secs_f64(),
             "update_statements": self.update_statements(),
             "watermark_rows_updated": self.rows_updated(),
@@ -182,6 +231,14 @@ async fn main() -> anyhow::Result<()> {
             let name = p.path.name();
             runs.record(&format!("{name}.converged_s"), p.converged.as_secs_f64());
             runs.record(
+                &format!("{name}.final_after_last_answer_s"),
+                p.settled().as_secs_f64(),
+            );
+            runs.record(
+                &format!("{name}.update_statements_per_receipt_pct"),
+                100.0 * p.update_statements() as f64 / n,
+            );
+            runs.record(
                 &format!("{name}.receipts_per_s"),
                 n / p.converged.as_secs_f64(),
             );
@@ -222,6 +279,7 @@ async fn main() -> anyhow::Result<()> {
         "args": {
             "receipts": args.receipts, "group_members": args.group_members,
             "directs": args.directs, "concurrency": args.concurrency, "repeat": args.repeat,
+            "acks": args.acks,
         },
         "offered_rate": "as fast as --concurrency clients get answers (no rate is requested)",
         "runs": reports,
@@ -235,7 +293,8 @@ fn print_phase(p: &Phase, args: &Args, run: usize) {
     let n = args.receipts as f64;
     println!(
         "run {} {:<8} {} receipts from {} clients: all answered after {:.2} s ({:.0} requests/s); \
-         every receipt consumed and every watermark final after {:.2} s ({:.0} receipts/s)",
+         every receipt consumed and every watermark final after {:.2} s ({:.0} receipts/s), \
+         {:.2} s after the last answer",
         run + 1,
         p.path.name(),
         args.receipts,
@@ -244,11 +303,12 @@ fn print_phase(p: &Phase, args: &Args, run: usize) {
         n / p.answered.as_secs_f64(),
         p.converged.as_secs_f64(),
         n / p.converged.as_secs_f64(),
+        p.settled().as_secs_f64(),
     );
     println!(
-        "    PostgreSQL: {} UPDATE conversation_member statements, {} watermark rows updated, \
+        "    PostgreSQL: {} watermark UPDATE statements, {} watermark rows updated, \
          {} member reads, {} transactions committed + {} rolled back, {} statements; \
-         Kafka: {} receipts produced, {} consumed; {} read.updated{}",
+         Kafka: {} receipts produced, {} consumed; {} {}{}",
         p.update_statements(),
         p.rows_updated(),
         p.member_reads(),
@@ -258,6 +318,7 @@ fn print_phase(p: &Phase, args: &Args, run: usize) {
         p.records_produced,
         p.records_consumed,
         p.read_updated_events,
+        args.storm().event,
         p.db.caveat(),
     );
 }
@@ -294,21 +355,28 @@ async fn phase(
         .read_settled(Duration::from_secs(1), Duration::from_secs(60))
         .await?;
 
-    let topic = format!("{db}.chat.read-receipts");
-    let group = format!("{db}-receipts");
+    let storm = args.storm();
+    // The reads' topic exists in both storms: the processor reads both.
+    let reads_topic = format!("{db}.chat.read-receipts");
+    let acks_topic = format!("{db}.chat.delivery-acks");
+    let topic = format!("{db}.{}", storm.topic);
+    let group = format!("{db}-{}", storm.route);
     let subject = format!("{db}.chat.events-value");
     let stop = Arc::new(AtomicBool::new(false));
     let processor = match path {
         Path::Baseline => None,
         Path::Stream => {
-            create_topic(&args.stack.brokers, &topic).await?;
+            create_topic(&args.stack.brokers, &reads_topic).await?;
+            create_topic(&args.stack.brokers, &acks_topic).await?;
             let mut settings = pipeline::settings::Settings::load(None)?;
             settings.kafka.brokers = args.stack.brokers.clone();
             settings.registry.url = args.stack.registry.clone();
             settings.registry.events_subject = subject.clone();
             settings.database.url = url.clone();
-            settings.receipts.topic = topic.clone();
-            settings.receipts.group = group.clone();
+            settings.receipts.topic = reads_topic.clone();
+            settings.receipts.group = format!("{db}-read");
+            settings.receipts.acks_topic = acks_topic.clone();
+            settings.receipts.acks_group = format!("{db}-delivered");
             settings.outbox.delete_after_write = false;
             let stop = stop.clone();
             Some(std::thread::spawn(move || {
@@ -318,13 +386,15 @@ async fn phase(
     };
     let mut settings = Settings::defaults_with_secret(JWT_SECRET);
     settings.http.addr = "127.0.0.1:0".parse()?;
+    settings.admin.addr = "127.0.0.1:0".parse()?;
     settings.database.url = SecretString::from(url.clone());
     settings.database.migrate_on_start = false;
     settings.registry.url = args.stack.registry.clone();
     settings.registry.events_subject = subject;
     settings.outbox.delete_after_write = false;
     settings.kafka.brokers = args.stack.brokers.clone();
-    settings.kafka.receipts_topic = topic.clone();
+    settings.kafka.receipts_topic = reads_topic.clone();
+    settings.kafka.acks_topic = acks_topic.clone();
     settings.reads.mode = match path {
         Path::Stream => ReadMode::Stream,
         Path::Baseline => ReadMode::Direct,
@@ -353,7 +423,7 @@ async fn phase(
     let answers: Vec<anyhow::Result<u16>> =
         futures::stream::iter(receipts.iter().map(|&(conv, user, seq)| {
             let req = http
-                .post(format!("{base}/conversations/{conv}/read"))
+                .post(format!("{base}/conversations/{conv}/{}", storm.route))
                 .bearer_auth(&tokens[&user])
                 .json(&json!({"seq": seq}));
             async move { Ok(req.send().await?.status().as_u16()) }
@@ -388,10 +458,11 @@ async fn phase(
             None => 0,
         };
         let pending = stats
-            .scalar(
+            .scalar(&format!(
                 "SELECT count(*) FROM bench_expected e JOIN conversation_member m USING (conversation_id, user_id)
-                  WHERE m.last_read_seq <> e.seq",
-            )
+                  WHERE m.{} <> e.seq",
+                storm.column
+            ))
             .await?;
         if unread == 0 && pending == 0 {
             break;
@@ -419,7 +490,10 @@ async fn phase(
         .read_settled(Duration::from_secs(1), Duration::from_secs(60))
         .await?;
     let read_updated_events = stats
-        .scalar("SELECT count(*) FROM outbox WHERE type = 'read.updated'")
+        .scalar(&format!(
+            "SELECT count(*) FROM outbox WHERE type = '{}'",
+            storm.event
+        ))
         .await?;
     let (records_produced, records_consumed) = match &progress {
         Some(p) => {
@@ -433,6 +507,7 @@ async fn phase(
     drop_database(&args.database_url, db).await?;
     Ok(Phase {
         path,
+        update: storm.update,
         answered,
         converged,
         db: after.since(&before),
