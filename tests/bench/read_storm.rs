@@ -72,8 +72,10 @@ struct Args {
 /// What the storm moves: the route, the topic, the watermark column and its event.
 struct Storm {
     route: &'static str,
-    /// How the statement that moves the watermarks starts (pg_stat_statements' text).
-    update: &'static str,
+    /// How the statements that move the watermarks start (pg_stat_statements' text):
+    /// the flush's or direct mode's own, and direct mode's call of a function holding
+    /// its UPDATE (counted as the call), if any.
+    update: [&'static str; 2],
     topic: &'static str,
     column: &'static str,
     event: &'static str,
@@ -85,7 +87,7 @@ impl Args {
             Storm {
                 route: "delivered",
                 // chatpipe_core::watermark::deliver: the UPDATE in a CTE.
-                update: "WITH b AS (",
+                update: ["WITH b AS (", "-"],
                 topic: "chat.delivery-acks",
                 column: "last_delivered_seq",
                 event: "delivery.updated",
@@ -93,7 +95,10 @@ impl Args {
         } else {
             Storm {
                 route: "read",
-                update: "UPDATE conversation_member",
+                update: [
+                    "UPDATE conversation_member",
+                    "SELECT last_read_seq, advanced FROM chat_mark_read",
+                ],
                 topic: "chat.read-receipts",
                 column: "last_read_seq",
                 event: "read.updated",
@@ -126,8 +131,8 @@ impl Path {
 /// What one phase measured. Every count comes from PostgreSQL or Kafka.
 struct Phase {
     path: Path,
-    /// The storm's watermark statement ([`Storm::update`]).
-    update: &'static str,
+    /// The storm's watermark statements ([`Storm::update`]).
+    update: [&'static str; 2],
     /// Every request answered.
     answered: Duration,
     /// Every receipt consumed and every watermark final.
@@ -145,7 +150,7 @@ impl Phase {
     }
 
     fn update_statements(&self) -> i64 {
-        self.db.calls(self.update)
+        self.update.iter().map(|u| self.db.calls(u)).sum()
     }
 
     fn rows_updated(&self) -> i64 {
