@@ -16,7 +16,9 @@
 //! Delivery is checked as sets of (user, conversation, seq): every member of a message's
 //! conversation is online, so each must get exactly one frame. A missing frame or a frame
 //! to a user who should not get it fails the run (non-zero exit, with a sample);
-//! duplicates are counted and reported. Rows and transactions are PostgreSQL's counts
+//! duplicates are counted and reported. Last, typing latency over the same connections
+//! (`--typing-rounds`, 0 skips it): the first member of each small group types from a
+//! socket of its own; typing frame sent -> read by each of the other nine. Rows and transactions are PostgreSQL's counts
 //! (see `pgstats`, from `--database`), records are Kafka's (end offsets). `--repeat N`
 //! runs the traffic phase N times over the same connections; the summary gives the
 //! median and the spread of each figure.
@@ -75,6 +77,11 @@ struct Args {
     /// summary gives median and spread.
     #[arg(long, default_value_t = 1)]
     repeat: usize,
+    /// Rounds of the typing phase (0: none): in each, the first member of every small
+    /// group sends one typing frame from a socket of its own, 3.2 s apart (fanout passes
+    /// one per 3 s), and the other nine members' frames are timed.
+    #[arg(long, default_value_t = 5)]
+    typing_rounds: usize,
     #[arg(long, default_value = "target/bench/push-latency.json")]
     out: String,
 }
@@ -94,6 +101,8 @@ struct Conversation {
 
 /// Every frame the clients read: (user, conversation, seq, when).
 type Frames = Arc<Mutex<Vec<(i64, i64, i64, Instant)>>>;
+/// Every typing frame the clients read: (user, conversation, when).
+type Typings = Arc<Mutex<Vec<(i64, i64, Instant)>>>;
 /// Every message sent: (conversation, seq) -> (its 201, index of its conversation).
 type Sent = Arc<Mutex<HashMap<(i64, i64), (Instant, usize)>>>;
 /// (user, conversation, seq): one frame a user should get, or got.
@@ -118,11 +127,13 @@ async fn main() -> anyhow::Result<()> {
     let rss_before = rss_kib(pid)?;
     let connections_before = gauge(&http, &args.gateway_metrics, "gateway_connections").await?;
     let frames: Frames = Arc::default();
+    let typings: Typings = Arc::default();
     let started = Instant::now();
     let clients: Vec<_> = futures::stream::iter(users.iter().map(|u| {
         let (url, token, frames) = (args.gateway.clone(), token(*u), frames.clone());
+        let typings = typings.clone();
         let user = *u;
-        async move { connect(&url, &token, user, frames).await }
+        async move { connect(&url, &token, user, frames, typings).await }
     }))
     .buffer_unordered(200)
     .collect::<Vec<_>>()
@@ -202,6 +213,11 @@ async fn main() -> anyhow::Result<()> {
         }
         reports.push(outcome.report);
     }
+    let typing = if args.typing_rounds > 0 {
+        typing_phase(&ctx, &typings, &mut runs).await?
+    } else {
+        json!(null)
+    };
     let rss_after = rss_kib(pid)?;
     println!(
         "gateway RSS after traffic: {:.1} MiB",
@@ -219,6 +235,7 @@ async fn main() -> anyhow::Result<()> {
         "kib_per_idle_connection": per_connection_kib,
         "rate": args.rate,
         "runs": reports,
+        "typing": typing,
         "summary": runs.json(),
     });
     chatpipe_tests::bench::write_report(&args.out, &report)?;
@@ -502,6 +519,7 @@ async fn connect(
     token: &str,
     user: i64,
     frames: Frames,
+    typings: Typings,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let mut ws = gateway::client::connect(url, token)
         .await
@@ -514,6 +532,11 @@ async fn connect(
                     Ok(v) => v,
                     Err(_) => continue,
                 };
+                if v["type"] == "typing" {
+                    if let Some(c) = v["conversationId"].as_i64() {
+                        typings.lock().unwrap().push((user, c, at));
+                    }
+                }
                 if v["type"] == "message.new" {
                     if let (Some(c), Some(s)) = (v["conversationId"].as_i64(), v["seq"].as_i64()) {
                         frames.lock().unwrap().push((user, c, s, at));
@@ -521,6 +544,89 @@ async fn connect(
                 }
             }
         }
+    }))
+}
+
+/// Typing latency: frame sent by the typer's socket -> frame read by each other member,
+/// over the small groups (10 members, all online), `--typing-rounds` rounds 3.2 s apart.
+async fn typing_phase(
+    ctx: &Ctx<'_>,
+    typings: &Typings,
+    runs: &mut Runs,
+) -> anyhow::Result<serde_json::Value> {
+    use futures::SinkExt;
+    let args = ctx.args;
+    let groups: Vec<&Conversation> = ctx.kinds[1]
+        .iter()
+        .map(|&i| &ctx.conversations[i])
+        .collect();
+    let mut typers = Vec::new();
+    for g in &groups {
+        let token = ctx
+            .keys
+            .issue(UserId::new(g.members[0])?, Duration::from_secs(3600));
+        typers.push(gateway::client::connect(&args.gateway, &token).await?);
+    }
+    typings.lock().unwrap().clear();
+    // (conversation, round) -> when its frame was sent.
+    let mut sent: HashMap<(i64, usize), Instant> = HashMap::new();
+    for round in 0..args.typing_rounds {
+        for (g, ws) in groups.iter().zip(typers.iter_mut()) {
+            let frame = json!({"type": "typing", "conversationId": g.id}).to_string();
+            sent.insert((g.id, round), Instant::now());
+            ws.send(Message::Text(frame.into())).await?;
+        }
+        // Pacing, not waiting for a condition: fanout passes one per 3 s per typer.
+        tokio::time::sleep(Duration::from_millis(3200)).await;
+    }
+    let expected: usize =
+        groups.iter().map(|g| g.members.len() - 1).sum::<usize>() * args.typing_rounds;
+    let _ = poll(Duration::from_secs(10), || async {
+        Ok(typings.lock().unwrap().len() >= expected)
+    })
+    .await;
+    // A member's k-th typing frame of a conversation answers round k.
+    let mut arrivals: HashMap<(i64, i64), Vec<Instant>> = HashMap::new();
+    for &(user, conv, at) in typings.lock().unwrap().iter() {
+        arrivals.entry((user, conv)).or_default().push(at);
+    }
+    let mut latency = Histogram::<u64>::new(3)?;
+    let mut wrong = 0;
+    for ((user, conv), mut ats) in arrivals {
+        let g = groups.iter().find(|g| g.id == conv);
+        if g.is_none_or(|g| !g.members.contains(&user) || g.members[0] == user) {
+            wrong += ats.len();
+            continue;
+        }
+        ats.sort();
+        for (round, at) in ats.into_iter().enumerate() {
+            if let Some(t) = sent.get(&(conv, round)) {
+                latency.record(at.saturating_duration_since(*t).as_micros() as u64)?;
+            }
+        }
+    }
+    let got = latency.len() as usize;
+    let ms = |q: f64| latency.value_at_quantile(q) as f64 / 1000.0;
+    println!(
+        "typing: {} connections, {} groups of 10, {} rounds: {got} frames of {expected} expected \
+         ({wrong} to a user who should not get one); sent -> read p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        args.connections,
+        groups.len(),
+        args.typing_rounds,
+        ms(0.5),
+        ms(0.99),
+        latency.max() as f64 / 1000.0
+    );
+    runs.record("typing.p50_ms", ms(0.5));
+    runs.record("typing.p99_ms", ms(0.99));
+    anyhow::ensure!(
+        wrong == 0,
+        "{wrong} typing frames to users who should not get one"
+    );
+    Ok(json!({
+        "groups": groups.len(), "rounds": args.typing_rounds, "expected": expected,
+        "received": got, "p50_ms": ms(0.5), "p90_ms": ms(0.9), "p99_ms": ms(0.99),
+        "max_ms": latency.max() as f64 / 1000.0,
     }))
 }
 
