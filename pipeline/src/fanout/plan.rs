@@ -410,6 +410,69 @@ mod tests {
     }
 
     #[test]
+    fn deliveries_go_to_online_members_and_coalesce_apart_from_reads_in_a_large_group() {
+        let members = users([1, 2, 3]);
+        let o = online(&[(1, "a", 0), (2, "a", 0)]);
+        let tick = |user: i64, seq: i64| DeliveryUpdated {
+            conversation_id: ConversationId::of(4),
+            user_id: UserId::of(user),
+            last_delivered_seq: Watermark::of(seq),
+            occurred_at: Utc::now(),
+        };
+        let routed = delivery_updated(&tick(3, 7), &members, &o, 0);
+        let d = &routed[0].delivery;
+        assert_eq!(ids(&d.user_ids), vec![1, 2]);
+        assert_eq!(
+            (
+                d.event_type.as_str(),
+                d.user_id,
+                d.last_delivered_seq,
+                d.last_read_seq
+            ),
+            (
+                DELIVERY_UPDATED,
+                Some(UserId::of(3)),
+                Some(Watermark::of(7)),
+                None
+            )
+        );
+
+        // Large group: one light push per conversation and kind, the highest of each.
+        let mut c = Coalescer::default();
+        for (user, seq) in [(1, 5), (2, 9)] {
+            c.add_delivery(&tick(user, seq));
+        }
+        c.add_read(&ReadUpdated {
+            conversation_id: ConversationId::of(4),
+            user_id: UserId::of(3),
+            last_read_seq: Watermark::of(2),
+            occurred_at: Utc::now(),
+        });
+        let big = users(1..=300);
+        let mut routed = c.drain(|_| Some(&big), &o, 0);
+        routed.sort_by(|a, b| a.delivery.event_type.cmp(&b.delivery.event_type));
+        let got: Vec<_> = routed
+            .iter()
+            .map(|r| {
+                let d = &r.delivery;
+                (
+                    d.event_type.as_str(),
+                    d.light,
+                    d.last_delivered_seq,
+                    d.last_read_seq,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (DELIVERY_UPDATED, true, Some(Watermark::of(9)), None),
+                (READ_UPDATED, true, None, Some(Watermark::of(2))),
+            ]
+        );
+    }
+
+    #[test]
     fn reads_in_a_large_group_coalesce_to_the_highest_per_conversation() {
         let members = users(1..=300);
         let o = online(&[(1, "a", 0), (2, "a", 0)]);
