@@ -106,6 +106,20 @@ pub struct Changed {
     pub has_more: bool,
 }
 
+/// The caller's conversations changed since `$2` (all of them when `$2` is NULL): built
+/// once, not per request.
+static STATES_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT {} {STATE_FROM}
+          WHERE m.user_id = $1
+            AND ($2::pg_snapshot IS NULL
+                 OR chat_changed_since(c.changed_xid, $2::pg_snapshot)
+                 OR chat_changed_since(m.changed_xid, $2::pg_snapshot))
+          ORDER BY c.last_activity_at DESC, c.id DESC",
+        state_columns(UNREAD)
+    )
+});
+
 #[derive(sqlx::FromRow)]
 struct Row {
     conv: i64,
@@ -131,19 +145,11 @@ pub async fn sync(
     let now: String = sqlx::query_scalar("SELECT pg_current_snapshot()::text")
         .fetch_one(&mut *tx)
         .await?;
-    let columns = state_columns(UNREAD);
-    let states: Vec<ConversationState> = sqlx::query_as(&format!(
-        "SELECT {columns} {STATE_FROM}
-          WHERE m.user_id = $1
-            AND ($2::pg_snapshot IS NULL
-                 OR chat_changed_since(c.changed_xid, $2::pg_snapshot)
-                 OR chat_changed_since(m.changed_xid, $2::pg_snapshot))
-          ORDER BY c.last_activity_at DESC, c.id DESC"
-    ))
-    .bind(user.get())
-    .bind(since)
-    .fetch_all(&mut *tx)
-    .await?;
+    let states: Vec<ConversationState> = sqlx::query_as(STATES_SQL.as_str())
+        .bind(user.get())
+        .bind(since)
+        .fetch_all(&mut *tx)
+        .await?;
 
     let mut messages: HashMap<i64, Vec<HistoryMessage>> = HashMap::new();
     let mut departed = Vec::new();
