@@ -2,6 +2,7 @@
 //! telemetry, the Prometheus recorder and the `application/problem+json` error body.
 
 pub mod auth;
+pub mod catalogue;
 pub mod config;
 pub mod db;
 pub mod http;

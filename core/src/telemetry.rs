@@ -49,7 +49,24 @@ pub fn metrics_handle() -> PrometheusHandle {
             let handle = recorder.handle();
             // Fails only if another recorder was installed first; then ours just renders nothing new.
             let _ = metrics::set_global_recorder(recorder);
+            crate::catalogue::describe_all();
             handle
         })
         .clone()
+}
+
+/// The git revision the binary was built from (`CHATPIPE_REVISION` at build time, or
+/// `git rev-parse`; "unknown" where neither is there, as in a build without `.git`).
+pub const REVISION: &str = env!("CHATPIPE_REVISION");
+
+/// Sets `chatpipe_build_info{service, version, revision}` to 1: which build answers.
+pub fn build_info(service: &str) {
+    let _ = metrics_handle();
+    metrics::gauge!(
+        "chatpipe_build_info",
+        "service" => service.to_owned(),
+        "version" => env!("CARGO_PKG_VERSION"),
+        "revision" => REVISION,
+    )
+    .set(1.0);
 }

@@ -51,6 +51,7 @@ async fn main() -> anyhow::Result<()> {
     let settings = Settings::load(cli.config.as_deref()).context("loading configuration")?;
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => {
+            chatpipe_core::telemetry::build_info("gateway");
             let listener = gateway::listener(&settings)
                 .with_context(|| format!("binding {} (http.addr)", settings.http.addr))?;
             let admin = gateway::admin_listener(&settings).await?;

@@ -40,6 +40,7 @@ async fn main() -> anyhow::Result<()> {
     let settings = Settings::load(cli.config.as_deref()).context("loading configuration")?;
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => {
+            chatpipe_core::telemetry::build_info("ingest-api");
             let app = Application::build(settings).await?;
             tracing::info!(addr = %app.local_addr(), admin = %app.admin_addr(), "ingest-api listening");
             app.run_until_stopped(startup::shutdown_signal()).await?;

@@ -49,14 +49,17 @@ async fn main() -> anyhow::Result<()> {
             return pipeline::tail::run(&settings, args, &mut std::io::stdout().lock()).await
         }
         Command::Receipts => {
+            chatpipe_core::telemetry::build_info("receipts");
             pipeline::receipts::spawn(&settings, &mut supervisor, &readiness);
             axum::Router::new()
         }
         Command::Fanout => {
+            chatpipe_core::telemetry::build_info("fanout");
             pipeline::fanout::spawn(&settings, &mut supervisor, &readiness, Arc::default());
             axum::Router::new()
         }
         Command::Audit => {
+            chatpipe_core::telemetry::build_info("audit");
             let audit = pipeline::audit::Audit::new(&settings);
             pipeline::audit::spawn(&settings, &mut supervisor, &readiness, audit.clone());
             pipeline::audit::report::router(audit)

@@ -59,6 +59,11 @@ async fn a_short_drill_of_three_faults_under_load_loses_nothing() {
     }
     let end = rows.last().unwrap();
     assert!(
+        end.metric_gaps.is_empty(),
+        "every metric of every service has HELP, and each says its build: {:#?}",
+        end.metric_gaps
+    );
+    assert!(
         end.acked >= 100,
         "the load ran: {} sends acknowledged",
         end.acked

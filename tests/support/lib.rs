@@ -547,3 +547,41 @@ pub async fn until_lock_waiters(app: &TestApp, n: i64) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// What a Prometheus text page lacks for an operator: each metric family (a `# TYPE`
+/// line) without a `# HELP` line, and `chatpipe_build_info` if it is not there.
+pub fn undescribed_metrics(text: &str) -> Vec<String> {
+    let mut typed = std::collections::BTreeSet::new();
+    let mut helped = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        match (words.next(), words.next(), words.next()) {
+            (Some("#"), Some("TYPE"), Some(name)) => typed.insert(name.to_owned()),
+            (Some("#"), Some("HELP"), Some(name)) => helped.insert(name.to_owned()),
+            _ => continue,
+        };
+    }
+    let mut gaps: Vec<String> = typed
+        .difference(&helped)
+        .map(|name| format!("{name} has no HELP"))
+        .collect();
+    if !typed.contains("chatpipe_build_info") {
+        gaps.push("no chatpipe_build_info".into());
+    }
+    gaps
+}
+
+#[cfg(test)]
+mod metric_text {
+    #[test]
+    fn a_family_without_help_and_a_missing_build_info_are_named() {
+        let text = "# HELP a_total A.\n# TYPE a_total counter\na_total 1\n\
+                    # TYPE b_seconds histogram\nb_seconds_bucket{le=\"1\"} 0\n";
+        assert_eq!(
+            super::undescribed_metrics(text),
+            ["b_seconds has no HELP", "no chatpipe_build_info"]
+        );
+        let described = "# HELP chatpipe_build_info B.\n# TYPE chatpipe_build_info gauge\n";
+        assert!(super::undescribed_metrics(described).is_empty());
+    }
+}

@@ -182,6 +182,13 @@ struct ReaderMetrics {
 
 impl ReaderMetrics {
     fn new(prefix: &str) -> Self {
+        assert!(
+            chatpipe_core::catalogue::READER_PREFIXES.contains(&prefix),
+            "reader metric prefix {prefix} is not in chatpipe_core::catalogue::READER_PREFIXES"
+        );
+        for (name, kind, help) in chatpipe_core::catalogue::reader_metrics(prefix) {
+            chatpipe_core::catalogue::describe(name, kind, help);
+        }
         Self {
             records: metrics::counter!(format!("{prefix}_records_total")),
             dlq: metrics::counter!(format!("{prefix}_dlq_total")),

@@ -76,6 +76,9 @@ pub struct Row {
     pub abandoned_sends: u64,
     /// Alarms of `pipeline audit` that fired during the phase.
     pub alarms: Vec<String>,
+    /// At the end: metrics a service exports without HELP, or a missing build_info.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub metric_gaps: Vec<String>,
 }
 
 impl Row {
@@ -201,6 +204,7 @@ pub async fn run(cfg: Config) -> Vec<Row> {
             .await,
     );
     print_row(rows.last().unwrap());
+    rows.last_mut().unwrap().metric_gaps = services.metric_gaps().await;
     stop_reading.store(true, Ordering::Relaxed);
     services.stop_all().await;
     std::fs::create_dir_all(&cfg.out).unwrap();
@@ -335,6 +339,7 @@ impl Audit {
             send_retries: self.acks.retries.load(Ordering::Relaxed),
             abandoned_sends: self.acks.abandoned.load(Ordering::Relaxed),
             alarms: self.alarms.lock().unwrap().iter().cloned().collect(),
+            metric_gaps: Vec::new(),
         };
         *acked_before = acked.len() as u64;
         row

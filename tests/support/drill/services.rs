@@ -38,6 +38,8 @@ pub struct Spec {
     pub health_url: String,
     /// Its `/readyz`, for the auditor's probes.
     pub ready_url: String,
+    /// Its `/metrics` (on the admin listener where it has one).
+    pub metrics_url: String,
 }
 
 /// The stack's addresses and the drill's secret, shared by every service.
@@ -108,6 +110,7 @@ pub fn specs(bins: &Bins, env: &Env) -> Vec<Spec> {
             env: e,
             health_url: format!("{base}/readyz"),
             ready_url: format!("{base}/readyz"),
+            metrics_url: format!("http://127.0.0.1:{}/metrics", 8281 + i),
         });
     }
     for (kind, names, first_port) in [("receipts", RECEIPTS, 9111), ("fanout", FANOUT, 9121)] {
@@ -122,6 +125,7 @@ pub fn specs(bins: &Bins, env: &Env) -> Vec<Spec> {
                 env: e,
                 health_url: format!("http://{addr}/healthz"),
                 ready_url: format!("http://{addr}/readyz"),
+                metrics_url: format!("http://{addr}/metrics"),
             });
         }
     }
@@ -142,6 +146,7 @@ pub fn specs(bins: &Bins, env: &Env) -> Vec<Spec> {
             env: e,
             health_url: format!("http://{addr}/healthz"),
             ready_url: format!("http://{addr}/readyz"),
+            metrics_url: format!("http://127.0.0.1:{}/metrics", 8291 + i),
         });
     }
     let probes: Vec<String> = specs
@@ -169,6 +174,7 @@ pub fn specs(bins: &Bins, env: &Env) -> Vec<Spec> {
         env: e,
         health_url: format!("{}/healthz", audit_url()),
         ready_url: format!("{}/readyz", audit_url()),
+        metrics_url: format!("{}/metrics", audit_url()),
     });
     specs
 }
@@ -245,6 +251,30 @@ impl Services {
     }
 
     /// SIGKILL, as a crash or the OOM killer would.
+    /// What an operator's Prometheus would miss on each running service's `/metrics`: a
+    /// metric family without `# HELP`, or no `chatpipe_build_info`. Empty when nothing is.
+    pub async fn metric_gaps(&self) -> Vec<String> {
+        let mut gaps = Vec::new();
+        for (name, spec) in &self.specs {
+            if !self.running.contains_key(name) {
+                continue;
+            }
+            let text = match reqwest::get(&spec.metrics_url).await {
+                Ok(r) => r.text().await.unwrap_or_default(),
+                Err(e) => {
+                    gaps.push(format!("{name}: {} did not answer: {e}", spec.metrics_url));
+                    continue;
+                }
+            };
+            gaps.extend(
+                crate::undescribed_metrics(&text)
+                    .into_iter()
+                    .map(|m| format!("{name}: {m}")),
+            );
+        }
+        gaps
+    }
+
     pub async fn kill(&mut self, name: &str) {
         if let Some(mut child) = self.running.remove(name) {
             child.kill().await.expect("SIGKILL");

@@ -1,0 +1,185 @@
+//! Every metric a chatpipe service exports, with the `# HELP` text Prometheus shows for
+//! it. One table for all services: the exporter prints a description only beside a
+//! metric the process actually has, so each service shows just its own. A reader's
+//! metrics carry its prefix (`receipts`, `fanout`, `gateway_deliveries`, …) and are
+//! described when the reader is made ([`reader_metrics`]).
+//!
+//! The fault drill scrapes every running service and fails on a metric without HELP
+//! (`tests/drill/`), so a new metric cannot ship undescribed.
+
+/// What kind of series a metric is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+use Kind::{Counter, Gauge, Histogram};
+
+/// One metric: its name, kind and help text.
+pub type Entry = (&'static str, Kind, &'static str);
+
+/// The metrics of every service, by the code that writes them.
+pub const METRICS: &[Entry] = &[
+    // Every process.
+    ("chatpipe_build_info", Gauge, "Always 1: the service, its version and the git revision it was built from, as labels."),
+    // HTTP listeners of ingest-api and the gateway (core::http, ingest-api's routes).
+    ("http_requests_total", Counter, "HTTP requests answered, by method, route template and status."),
+    ("http_request_duration_seconds", Histogram, "Time from request to response, by method and route template."),
+    ("http_request_timeouts_total", Counter, "Requests that ran past http.request_timeout_ms and were answered 503."),
+    ("http_body_limit_rejections_total", Counter, "Requests refused 413 for a body over http.max_request_bytes."),
+    ("http_connections_open", Gauge, "Client connections open on the HTTP listener."),
+    ("http_connections_refused_total", Counter, "Connections refused (503, Retry-After: 1) because http.max_connections were open."),
+    ("http_connection_timeouts_total", Counter, "Connections closed for sending no request headers within http.header_read_timeout_ms."),
+    // ingest-api.
+    ("messages_sent_total", Counter, "Messages committed (each with its seq and its outbox event)."),
+    ("message_replays_total", Counter, "Sends answered from the stored message because the clientMsgId was already committed."),
+    ("outbox_events_written_total", Counter, "Outbox rows written, by event type; Debezium streams each to chat.events."),
+    ("read_watermark_advances_total", Counter, "Direct-mode read marks that moved a member's watermark."),
+    ("receipts_produced_total", Counter, "Read receipts and delivery acks the broker acknowledged (stream mode)."),
+    ("receipts_produce_failures_total", Counter, "Receipts the broker did not acknowledge within kafka.produce_timeout_ms (answered 503)."),
+    ("receipts_queue_full_total", Counter, "Receipts refused because the producer queue (kafka.queue_max_messages) stayed full."),
+    ("receipts_not_sent_total", Counter, "Read marks not sent on, by reason (no_advance: at or below the stored watermark)."),
+    ("send_batch_messages", Histogram, "Messages per send batch (one transaction per conversation batch)."),
+    ("send_batch_failures_total", Counter, "Send batches whose transaction failed (every send in it answered 503)."),
+    ("send_queue_waiting", Gauge, "Sends waiting for a conversation's writer."),
+    ("send_queue_rejections_total", Counter, "Sends refused 503 because sends.max_queued were waiting on the conversation."),
+    ("send_writers_busy", Gauge, "Conversation writers running a batch now."),
+    ("sync_requests_total", Counter, "GET /sync requests, by kind (initial: no cursor; delta: with one)."),
+    ("member_limit_rejections_total", Counter, "Member changes refused 409 for passing limits.max_group_members."),
+    ("rate_limited_total", Counter, "Requests refused 429 by a per-user rate limit, by kind."),
+    ("rate_limit_users", Gauge, "Users tracked by a per-user rate limiter, by kind."),
+    ("db_pool_connections", Gauge, "PostgreSQL pool connections, by state (idle, in_use)."),
+    ("db_pool_max_connections", Gauge, "The pool's bound (database.max_connections)."),
+    ("db_pool_acquire_timeouts_total", Counter, "Requests answered 503 because no pool connection freed within database.acquire_timeout_ms."),
+    // pipeline receipts.
+    ("receipts_in_total", Counter, "Receipts read from the topic, by mark (read, delivered)."),
+    ("receipts_flushes_total", Counter, "Batched watermark flushes written, by mark."),
+    ("receipts_flush_keys", Histogram, "Distinct (conversation, member) keys per flush, by mark."),
+    ("receipts_rows_advanced_total", Counter, "Watermarks a flush moved, by mark."),
+    ("receipts_dropped_non_member_total", Counter, "Receipts of users who are not members, dropped by the flush, by mark."),
+    ("receipts_flush_duration_seconds", Histogram, "Time one flush took (its UPDATE, outbox events and commit), by mark."),
+    ("receipts_collapse_ratio", Gauge, "Receipts read per watermark written in the last flush, by mark."),
+    // pipeline fanout.
+    ("fanout_events_total", Counter, "Events of chat.events joined with members and presence, by type."),
+    ("fanout_deliveries_total", Counter, "Fanout lists written to chat.deliveries."),
+    ("fanout_recipients_total", Counter, "Online recipients named in the lists written."),
+    ("fanout_list_size", Histogram, "Users per fanout list."),
+    ("fanout_event_age_seconds", Histogram, "Time from an event's commit in PostgreSQL to its fanout."),
+    ("fanout_stale_skipped_total", Counter, "Events older than fanout.max_age_ms, not pushed (clients catch up over REST)."),
+    ("fanout_presence_online", Gauge, "Users fanout holds online (a live presence lease)."),
+    ("fanout_presence_tombstones_total", Counter, "Presence entries removed (a gateway's tombstone or fanout.presence_forget_ms)."),
+    ("fanout_conversations", Gauge, "Conversations whose members fanout holds in memory."),
+    ("fanout_cache_evictions_total", Counter, "Conversations evicted from memory past fanout.max_cached_conversations."),
+    ("fanout_membership_loads_total", Counter, "Conversations whose members were loaded from PostgreSQL."),
+    ("fanout_changelog_writes_total", Counter, "Membership changes written to the chat.fanout-members changelog."),
+    ("fanout_restored_records_total", Counter, "Changelog records read to restore membership on assignment."),
+    ("fanout_unacked_lists", Gauge, "Fanout lists written but not yet acknowledged by the broker (offsets wait for them)."),
+    ("fanout_produce_queue_full_total", Counter, "Times fanout waited because fanout.produce_queue_max lists were unacknowledged."),
+    ("fanout_produce_errors_total", Counter, "Fanout lists the broker refused (written again)."),
+    ("fanout_typing_pushed_total", Counter, "Typing signals pushed to the other online members."),
+    ("fanout_typing_dropped_total", Counter, "Typing signals dropped, by reason (throttled, stale, non_member, queue_full)."),
+    ("fanout_typing_membership_loads_total", Counter, "Membership checks of typing signals that went to PostgreSQL."),
+    // pipeline audit.
+    ("audit_alarm", Gauge, "1 while the auditor's alarm is firing, by alarm."),
+    ("audit_events_total", Counter, "Events the auditor read from chat.events."),
+    ("audit_commit_to_topic_seconds", Histogram, "Time from a message's COMMIT to its append on chat.events."),
+    ("audit_seq_gaps_total", Counter, "Conversations whose seq jumped on chat.events (a lost message)."),
+    ("audit_missing_seqs_total", Counter, "Seqs missing in those gaps."),
+    ("audit_duplicates_total", Counter, "Events seen twice (at-least-once redelivery; consumers dedupe by conversation and seq)."),
+    ("audit_read_regressions_total", Counter, "read.updated events lower than an earlier one of the same member."),
+    ("audit_untracked_starts_total", Counter, "Conversations first seen past seq 1 (their start was before the auditor's)."),
+    ("audit_undecodable_total", Counter, "Records of chat.events the auditor could not decode."),
+    ("audit_cdc_unstreamed", Gauge, "Commits seen in PostgreSQL and not yet on chat.events."),
+    ("audit_cdc_oldest_unstreamed_seconds", Gauge, "Age of the oldest commit seen in PostgreSQL and not on chat.events."),
+    ("audit_slot_active", Gauge, "1 while the replication slot has a client (Debezium)."),
+    ("audit_slot_retained_wal_bytes", Gauge, "WAL the replication slot keeps PostgreSQL from recycling."),
+    ("audit_connector_running", Gauge, "1 while the connector and its task are RUNNING."),
+    ("audit_probe_ok", Gauge, "1 while a probed /readyz answers 2xx, by target."),
+    ("audit_dead_letters", Gauge, "End offset of each dead-letter topic, by topic."),
+    // gateway.
+    ("gateway_connections", Gauge, "WebSocket connections open."),
+    ("gateway_auth_refusals_total", Counter, "WebSocket upgrades refused for a missing, bad or expired token."),
+    ("gateway_tokens_expired_total", Counter, "Connections closed 4001 because their token expired."),
+    ("gateway_sessions_refused_total", Counter, "Connections closed 1013 past sessions.max_sessions."),
+    ("gateway_sessions_replaced_total", Counter, "Oldest connections closed 4008 past sessions.max_sessions_per_user."),
+    ("gateway_deliveries_total", Counter, "Fanout lists read from chat.deliveries."),
+    ("gateway_deliveries_pending", Gauge, "Fanout lists read and not yet handed to their connections."),
+    ("gateway_unknown_deliveries_total", Counter, "Fanout lists of a type this gateway does not know, dropped."),
+    ("gateway_pushes_total", Counter, "Frames queued to connections."),
+    ("gateway_push_latency_seconds", Histogram, "Time from an event's commit in PostgreSQL to its frame being written to the socket."),
+    ("gateway_queue_overflows_total", Counter, "Connections closed 1008 because sessions.queue_bound frames were queued."),
+    ("gateway_write_timeouts_total", Counter, "Connections dropped because their socket took no writes for two heartbeats."),
+    ("gateway_presence_users", Gauge, "Users online on this gateway."),
+    ("gateway_presence_records_total", Counter, "Presence leases and tombstones written to chat.presence."),
+    ("gateway_presence_errors_total", Counter, "Presence records the broker refused."),
+    ("gateway_presence_unacknowledged_total", Counter, "Lease renewals the broker had not acknowledged within a renewal tick."),
+    ("gateway_client_frames_total", Counter, "Frames clients sent, by kind (ack, typing, unknown, invalid)."),
+    ("gateway_acks_total", Counter, "Delivery acks from clients, by result (produced, failed, dropped)."),
+    ("gateway_typing_total", Counter, "Typing signals from clients, by result (produced, throttled, failed, dropped)."),
+];
+
+/// The metric prefixes of the readers (`ReaderSpec::metric`): the receipts processor's
+/// readers of reads and of acks, fanout's of events, presence and typing, the gateway's
+/// of deliveries, the auditor's of events. A reader with another prefix panics at start.
+pub const READER_PREFIXES: &[&str] = &[
+    "receipts",
+    "fanout",
+    "fanout_presence",
+    "fanout_typing",
+    "gateway_deliveries",
+    "audit",
+];
+
+/// The metrics of a reader with metric prefix `prefix` (see `pipeline::runtime::reader`).
+pub fn reader_metrics(prefix: &str) -> Vec<(String, Kind, String)> {
+    [
+        ("records_total", Counter, "Records the reader processed."),
+        ("dlq_total", Counter, "Records the reader could not decode or apply, written to the dead-letter topic."),
+        ("retries_total", Counter, "Retries of a held record or tick after a failure (an outage is retried, never dead-lettered)."),
+        ("retrying", Gauge, "1 while the reader holds a record and retries it."),
+        ("consumer_errors_total", Counter, "Errors the Kafka consumer reported (broker down, transport)."),
+        ("commit_failures_total", Counter, "Offset commits that failed (retried with the next commit)."),
+        ("refetches_total", Counter, "Partitions fetched again because records waited unfetched past the reader's position."),
+        ("leader_queries_total", Counter, "Metadata requests the reader made for partitions without a known leader."),
+        ("consumer_lag", Gauge, "Records between the reader's position and the end of the partition, by partition."),
+        ("consumer_stalled", Gauge, "1 while the reader counts as stalled (its /readyz is 503)."),
+    ]
+    .into_iter()
+    .map(|(suffix, kind, help)| (format!("{prefix}_{suffix}"), kind, help.to_owned()))
+    .collect()
+}
+
+/// Gives the process-wide recorder the help text of every metric above.
+pub fn describe_all() {
+    for (name, kind, help) in METRICS {
+        describe(name.to_string(), *kind, help.to_string());
+    }
+}
+
+/// Gives the recorder one metric's help text.
+pub fn describe(name: String, kind: Kind, help: String) {
+    match kind {
+        Counter => metrics::describe_counter!(name, help),
+        Gauge => metrics::describe_gauge!(name, help),
+        Histogram => metrics::describe_histogram!(name, help),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_metric_is_named_once_and_has_help() {
+        let mut seen = std::collections::BTreeSet::new();
+        for (name, kind, help) in METRICS {
+            assert!(seen.insert(*name), "{name} is listed twice");
+            assert!(!help.is_empty(), "{name} has no help");
+            if name.ends_with("_total") {
+                assert_eq!(*kind, Counter, "{name} ends in _total: a counter");
+            }
+        }
+    }
+}
