@@ -1,11 +1,47 @@
-//! The topic contract: each topic with its value schema. TopicNameStrategy: the
-//! value schema of topic `t` is registered under the subject `t-value`.
+//! The topic contract: each topic with its value schema and the compatibility level its
+//! registry subject is held to. TopicNameStrategy: the value schema of topic `t` is
+//! registered under the subject `t-value`. Every version ever published is kept in
+//! `schemas/history/<name>/v<N>.avsc`; the tests below check each new version against
+//! all of them, offline, as the registry would (docs/topics.md, "Changing a schema").
 
-/// A topic and the Avro schema of its values.
+/// How a subject's versions must relate (the registry's compatibility levels).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compatibility {
+    /// A new version reads every older one: add fields with defaults, add union
+    /// branches at the end. Consumers reading with an older compiled schema read every
+    /// record of the types they know and must skip the others (a record of a newer
+    /// branch does not resolve against their schema). `chat.events` only: new event
+    /// types are new branches.
+    BackwardTransitive,
+    /// Also every older version reads each new one: only fields with defaults come and
+    /// go. A consumer with any older compiled schema reads every record.
+    FullTransitive,
+}
+
+impl Compatibility {
+    /// The level's name in the registry's API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::BackwardTransitive => "BACKWARD_TRANSITIVE",
+            Self::FullTransitive => "FULL_TRANSITIVE",
+        }
+    }
+}
+
+impl std::fmt::Display for Compatibility {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A topic, the Avro schema of its values and the level its subject is held to.
 #[derive(Debug, Clone, Copy)]
 pub struct Contract {
     pub topic: &'static str,
     pub schema: &'static str,
+    pub compatibility: Compatibility,
+    /// The folder of `schemas/history/` with every published version.
+    pub history: &'static str,
 }
 
 impl Contract {
@@ -18,41 +54,56 @@ impl Contract {
 pub const CHAT_EVENTS: Contract = Contract {
     topic: "chat.events",
     schema: include_str!("../chat_event.avsc"),
+    compatibility: Compatibility::BackwardTransitive,
+    history: "chat_event",
 };
 pub const READ_RECEIPTS: Contract = Contract {
     topic: "chat.read-receipts",
     schema: include_str!("../read_receipt.avsc"),
+    compatibility: Compatibility::FullTransitive,
+    history: "read_receipt",
+};
+/// Delivery acks: the read receipt's schema on a topic of their own.
+pub const DELIVERY_ACKS: Contract = Contract {
+    topic: "chat.delivery-acks",
+    ..READ_RECEIPTS
 };
 pub const PRESENCE: Contract = Contract {
     topic: "chat.presence",
     schema: include_str!("../presence.avsc"),
+    compatibility: Compatibility::FullTransitive,
+    history: "presence",
 };
 pub const DELIVERIES: Contract = Contract {
     topic: "chat.deliveries",
     schema: include_str!("../delivery.avsc"),
+    compatibility: Compatibility::FullTransitive,
+    history: "delivery",
 };
 
 pub const FANOUT_MEMBERS: Contract = Contract {
     topic: "chat.fanout-members",
     schema: include_str!("../fanout_members.avsc"),
+    compatibility: Compatibility::FullTransitive,
+    history: "fanout_members",
 };
 
 pub const EPHEMERAL: Contract = Contract {
     topic: "chat.ephemeral",
     schema: include_str!("../ephemeral.avsc"),
+    compatibility: Compatibility::FullTransitive,
+    history: "ephemeral",
 };
 
-pub const ALL: [Contract; 6] = [
+pub const ALL: [Contract; 7] = [
     CHAT_EVENTS,
     READ_RECEIPTS,
+    DELIVERY_ACKS,
     PRESENCE,
     DELIVERIES,
     FANOUT_MEMBERS,
     EPHEMERAL,
 ];
-
-/// The compatibility level every subject is held to.
-pub const COMPATIBILITY: &str = "BACKWARD_TRANSITIVE";
 
 #[cfg(test)]
 mod tests {

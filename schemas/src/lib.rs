@@ -2,7 +2,7 @@
 //!
 //! Every event names its conversation (the Kafka key) and the moment it happened.
 //! Consumers dedupe messages by `(conversationId, seq)` and reads by
-//! `(conversationId, userId, lastReadSeq)` (DESIGN.md, invariant 5).
+//! `(conversationId, userId, lastReadSeq)` (docs/architecture.md, invariant 5).
 //!
 //! On the wire they are Avro (`chat_event.avsc` beside this crate) in the Confluent
 //! framing; [`avro`] maps between the two, [`registry`] registers the schemas, and
@@ -13,6 +13,8 @@ pub mod avro;
 pub mod contract;
 pub mod delivery;
 pub mod ephemeral;
+#[cfg(test)]
+mod history;
 pub mod ids;
 pub mod members;
 pub mod presence;

@@ -14,7 +14,7 @@ use schema_registry_converter::error::SRCError;
 use schema_registry_converter::schema_registry_common::{SchemaType, SuppliedSchema};
 
 use crate::avro::{from_value, split_frame, CodecError, EventCodec};
-use crate::contract::{Contract, CHAT_EVENTS, COMPATIBILITY};
+use crate::contract::{Compatibility, Contract, CHAT_EVENTS};
 use crate::ChatEvent;
 
 #[derive(Debug, thiserror::Error)]
@@ -23,11 +23,18 @@ pub enum RegistryError {
     Unreachable { url: String, source: SRCError },
     #[error(
         "the {subject} schema of this build is incompatible with the versions registered \
-         ({COMPATIBILITY}); refusing to start. Evolve it compatibly (e.g. add fields with defaults)"
+         ({level}); refusing to start. Evolve it compatibly (e.g. add fields with defaults)"
     )]
-    Incompatible { subject: String },
-    #[error("setting {COMPATIBILITY} on {subject}: {detail}")]
-    Config { subject: String, detail: String },
+    Incompatible {
+        subject: String,
+        level: Compatibility,
+    },
+    #[error("setting {level} on {subject}: {detail}")]
+    Config {
+        subject: String,
+        level: Compatibility,
+        detail: String,
+    },
     #[error("registry client: {0}")]
     Client(String),
 }
@@ -174,11 +181,26 @@ impl Registry {
     /// Registers a contract's value schema and returns its id. A schema already
     /// registered returns its existing id; an incompatible one is refused.
     pub async fn register(&self, contract: &Contract) -> Result<u32, RegistryError> {
-        self.register_schema(&contract.subject(), contract.schema)
+        self.register_as(&contract.subject(), contract).await
+    }
+
+    /// The same under another subject: a namespaced topic (tests) or a shared registry.
+    pub async fn register_as(
+        &self,
+        subject: &str,
+        contract: &Contract,
+    ) -> Result<u32, RegistryError> {
+        self.register_schema(subject, contract.schema, contract.compatibility)
             .await
     }
 
-    pub async fn register_schema(&self, subject: &str, schema: &str) -> Result<u32, RegistryError> {
+    /// Registers `schema` under `subject`, held to `level` from then on.
+    pub async fn register_schema(
+        &self,
+        subject: &str,
+        schema: &str,
+        level: Compatibility,
+    ) -> Result<u32, RegistryError> {
         let supplied = || SuppliedSchema::new(None, SchemaType::Avro, schema.to_owned());
         // A new subject has nothing to be compatible with; the check errors with 404 then.
         if let Ok(false) =
@@ -186,6 +208,7 @@ impl Registry {
         {
             return Err(RegistryError::Incompatible {
                 subject: subject.to_owned(),
+                level,
             });
         }
         let registered = post_schema(&self.settings, subject.to_owned(), supplied())
@@ -196,6 +219,7 @@ impl Registry {
                 {
                     RegistryError::Incompatible {
                         subject: subject.to_owned(),
+                        level,
                     }
                 } else {
                     RegistryError::Unreachable {
@@ -204,32 +228,37 @@ impl Registry {
                     }
                 }
             })?;
-        self.hold_compatibility(subject).await?;
+        self.hold_compatibility(subject, level).await?;
         tracing::info!(subject, id = registered.id, "schema registered");
         Ok(registered.id)
     }
 
-    /// Pins the subject to BACKWARD_TRANSITIVE, whatever the registry's global default.
-    async fn hold_compatibility(&self, subject: &str) -> Result<(), RegistryError> {
+    /// Pins the subject to `level`, whatever the registry's global default.
+    async fn hold_compatibility(
+        &self,
+        subject: &str,
+        level: Compatibility,
+    ) -> Result<(), RegistryError> {
         let error = |detail: String| RegistryError::Config {
             subject: subject.to_owned(),
+            level,
             detail,
         };
+        let level = level.as_str();
         let url = format!("{}/config/{subject}", self.url);
-        if self.compatibility_of(&url).await.as_deref() == Some(COMPATIBILITY) {
+        if self.compatibility_of(&url).await.as_deref() == Some(level) {
             return Ok(());
         }
         let res = self
             .http
             .put(&url)
             .header("content-type", "application/vnd.schemaregistry.v1+json")
-            .body(format!("{{\"compatibility\":\"{COMPATIBILITY}\"}}"))
+            .body(format!("{{\"compatibility\":\"{level}\"}}"))
             .send()
             .await
             .map_err(|e| error(e.to_string()))?;
         // Two services starting at once may both create the rule; one gets a conflict.
-        if res.status().is_success()
-            || self.compatibility_of(&url).await.as_deref() == Some(COMPATIBILITY)
+        if res.status().is_success() || self.compatibility_of(&url).await.as_deref() == Some(level)
         {
             return Ok(());
         }
@@ -266,7 +295,7 @@ impl Registry {
         subject: &str,
     ) -> Result<crate::receipt::ReceiptCodec, RegistryError> {
         let id = self
-            .register_schema(subject, crate::contract::READ_RECEIPTS.schema)
+            .register_as(subject, &crate::contract::READ_RECEIPTS)
             .await?;
         Ok(crate::receipt::ReceiptCodec::new(id))
     }
@@ -277,7 +306,7 @@ impl Registry {
         subject: &str,
     ) -> Result<crate::ephemeral::EphemeralCodec, RegistryError> {
         let id = self
-            .register_schema(subject, crate::contract::EPHEMERAL.schema)
+            .register_as(subject, &crate::contract::EPHEMERAL)
             .await?;
         Ok(crate::ephemeral::EphemeralCodec::new(id))
     }
@@ -288,7 +317,7 @@ impl Registry {
         subject: &str,
     ) -> Result<crate::presence::PresenceCodec, RegistryError> {
         let id = self
-            .register_schema(subject, crate::contract::PRESENCE.schema)
+            .register_as(subject, &crate::contract::PRESENCE)
             .await?;
         Ok(crate::presence::PresenceCodec::new(id))
     }
@@ -299,7 +328,7 @@ impl Registry {
         subject: &str,
     ) -> Result<crate::delivery::DeliveryCodec, RegistryError> {
         let id = self
-            .register_schema(subject, crate::contract::DELIVERIES.schema)
+            .register_as(subject, &crate::contract::DELIVERIES)
             .await?;
         Ok(crate::delivery::DeliveryCodec::new(id))
     }
@@ -310,7 +339,7 @@ impl Registry {
         subject: &str,
     ) -> Result<crate::members::FanoutMembersCodec, RegistryError> {
         let id = self
-            .register_schema(subject, crate::contract::FANOUT_MEMBERS.schema)
+            .register_as(subject, &crate::contract::FANOUT_MEMBERS)
             .await?;
         Ok(crate::members::FanoutMembersCodec::new(id))
     }
@@ -324,7 +353,7 @@ impl Registry {
     /// The same under another subject: a namespaced topic (tests) or a shared registry.
     pub async fn event_codec_for(&self, subject: &str) -> Result<EventCodec, RegistryError> {
         Ok(EventCodec::new(
-            self.register_schema(subject, CHAT_EVENTS.schema).await?,
+            self.register_as(subject, &CHAT_EVENTS).await?,
         ))
     }
 

@@ -2,7 +2,7 @@
 //! receipts within seconds, as real `POST /conversations/{id}/read` requests to an
 //! ingest-api started in this process. The stream path (stream mode: the route reads the
 //! member's position, then the receipt goes to Kafka and the receipts processor applies it
-//! in batched UPDATEs) against the article's path (direct mode: one guarded UPDATE per
+//! in batched UPDATEs) against the original design's path (direct mode: one guarded UPDATE per
 //! receipt, the baseline). Both paths pay the route's own per-receipt work. A
 //! measurement, not a test.
 //!

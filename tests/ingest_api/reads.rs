@@ -2,7 +2,7 @@ use chatpipe_tests::spawn_app;
 use futures::future::join_all;
 use serde_json::json;
 
-/// The article's second test, over HTTP.
+/// The original design's second test, over HTTP.
 #[tokio::test]
 async fn the_watermark_never_moves_backwards_clamps_to_last_seq_and_the_sender_has_read() {
     let app = spawn_app().await;

@@ -1,9 +1,10 @@
-//! The registry holds chat.events to BACKWARD_TRANSITIVE, and the service will not
-//! start with a schema the registry calls incompatible.
+//! The registry holds chat.events to BACKWARD_TRANSITIVE and the other subjects to
+//! FULL_TRANSITIVE, and the service will not start with a schema the registry calls
+//! incompatible.
 
 use std::time::Duration;
 
-use chatpipe_schemas::contract::CHAT_EVENTS;
+use chatpipe_schemas::contract::{Compatibility, CHAT_EVENTS, DELIVERIES};
 use chatpipe_schemas::registry::{Registry, RegistryError};
 use chatpipe_tests::{registry_url, spawn_app_with, JWT_SECRET};
 use ingest_api::configuration::Settings;
@@ -56,12 +57,12 @@ async fn the_registry_refuses_an_incompatible_change_and_accepts_a_compatible_on
     let registry = registry();
     let subject = Subject::new("compat");
     let v1 = registry
-        .register_schema(&subject.0, CHAT_EVENTS.schema)
+        .register_as(&subject.0, &CHAT_EVENTS)
         .await
         .unwrap();
     assert_eq!(
         registry
-            .register_schema(&subject.0, CHAT_EVENTS.schema)
+            .register_as(&subject.0, &CHAT_EVENTS)
             .await
             .unwrap(),
         v1,
@@ -70,7 +71,9 @@ async fn the_registry_refuses_an_incompatible_change_and_accepts_a_compatible_on
 
     // conversationId long -> string: old records can no longer be read.
     let breaking = edited(|s| s["fields"][1]["type"] = "string".into());
-    let refused = registry.register_schema(&subject.0, &breaking).await;
+    let refused = registry
+        .register_schema(&subject.0, &breaking, CHAT_EVENTS.compatibility)
+        .await;
     assert!(
         matches!(refused, Err(RegistryError::Incompatible { .. })),
         "{refused:?}"
@@ -83,10 +86,78 @@ async fn the_registry_refuses_an_incompatible_change_and_accepts_a_compatible_on
         ))
     });
     let v2 = registry
-        .register_schema(&subject.0, &evolved)
+        .register_schema(&subject.0, &evolved, CHAT_EVENTS.compatibility)
         .await
         .unwrap();
     assert_ne!(v2, v1);
+}
+
+/// The level the registry holds `subject` to.
+async fn level_of(subject: &Subject) -> String {
+    let config: Value = reqwest::get(format!("{}/config/{}", registry_url(), subject.0))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    config["compatibilityLevel"]
+        .as_str()
+        .or(config["compatibility"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn each_subject_is_held_to_its_contracts_level_and_full_refuses_what_backward_allows() {
+    let registry = registry();
+    let events = Subject::new("events-level");
+    registry.register_as(&events.0, &CHAT_EVENTS).await.unwrap();
+    assert_eq!(level_of(&events).await, "BACKWARD_TRANSITIVE");
+
+    let deliveries = Subject::new("deliveries-level");
+    registry
+        .register_as(&deliveries.0, &DELIVERIES)
+        .await
+        .unwrap();
+    assert_eq!(DELIVERIES.compatibility, Compatibility::FullTransitive);
+    assert_eq!(level_of(&deliveries).await, "FULL_TRANSITIVE");
+
+    // Dropping a field that has no default: a newer reader ignores it (backward
+    // compatible), but a consumer with the older schema can no longer read new records.
+    let mut dropped: Value = serde_json::from_str(DELIVERIES.schema).unwrap();
+    dropped["fields"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|f| f["name"] != "light");
+    let refused = registry
+        .register_schema(
+            &deliveries.0,
+            &dropped.to_string(),
+            DELIVERIES.compatibility,
+        )
+        .await;
+    assert!(
+        matches!(refused, Err(RegistryError::Incompatible { .. })),
+        "FULL_TRANSITIVE refuses a removed field without default: {refused:?}"
+    );
+    // The same change on a BACKWARD_TRANSITIVE subject is accepted.
+    let backward = Subject::new("deliveries-backward");
+    registry
+        .register_schema(
+            &backward.0,
+            DELIVERIES.schema,
+            Compatibility::BackwardTransitive,
+        )
+        .await
+        .unwrap();
+    registry
+        .register_schema(
+            &backward.0,
+            &dropped.to_string(),
+            Compatibility::BackwardTransitive,
+        )
+        .await
+        .expect("BACKWARD_TRANSITIVE accepts a removed field");
 }
 
 #[tokio::test]
@@ -101,7 +172,10 @@ async fn ingest_api_refuses_to_start_when_its_schema_is_incompatible() {
             .unwrap()
             .retain(|f| f["name"] != "occurredAt");
     });
-    registry.register_schema(&subject.0, &older).await.unwrap();
+    registry
+        .register_schema(&subject.0, &older, CHAT_EVENTS.compatibility)
+        .await
+        .unwrap();
 
     let mut settings = Settings::defaults_with_secret(JWT_SECRET);
     settings.http.addr = "127.0.0.1:0".parse().unwrap();

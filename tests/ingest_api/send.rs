@@ -6,7 +6,7 @@ use futures::future::join_all;
 use serde_json::json;
 use uuid::Uuid;
 
-/// The article's first test, over HTTP.
+/// The original design's first test, over HTTP.
 #[tokio::test]
 async fn resending_the_same_client_msg_id_creates_one_message_with_seq_1() {
     let app = spawn_app().await;

@@ -16,7 +16,7 @@ const DATABASE: &str = "chatpipe_pgbench";
 /// Which form of the send transaction.
 #[derive(Clone, Copy, Debug)]
 pub enum Script {
-    /// The design article's send, statement by statement in one transaction.
+    /// The original design's send (`seed.sql`), statement by statement in one transaction.
     Seed,
     /// The same work as one statement.
     OneStatement,

@@ -15,7 +15,7 @@ pub struct ReadOutcome {
     pub advanced: bool,
 }
 
-/// The article's guarded UPDATE: the watermark moves only forwards and never past
+/// The guarded UPDATE of the original design (docs/architecture.md, "Reading"): the watermark moves only forwards and never past
 /// `last_seq`. `read.updated` goes to the outbox only when it moved, in the same
 /// transaction. One round trip: `chat_mark_read` (migrations/) splices the watermark
 /// where it landed into the event's bytes.

@@ -1,4 +1,4 @@
-//! The send path (DESIGN.md "Sending"): one statement per batch of sends, and group
+//! The send path (docs/architecture.md, "Sending"): one statement per batch of sends, and group
 //! commit for everything that arrives while a statement is being written.
 //!
 //! `chat_send_many` (migrations/) does in one statement, in one implicit transaction,

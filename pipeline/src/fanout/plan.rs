@@ -1,6 +1,6 @@
 //! The join itself, free of Kafka: an event, the conversation's members and the presence
 //! table in; fanout lists out, one per gateway. Nobody outside `members` is ever on a
-//! list (DESIGN.md invariant 6), and offline members are on none.
+//! list (docs/architecture.md, invariant 6), and offline members are on none.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;

@@ -1,6 +1,6 @@
 //! One flush = one transaction: the whole batch in one set-based, monotone UPDATE of the
 //! read watermarks or, for delivery acks, of the delivery watermarks
-//! ([`chatpipe_core::watermark::advance`], the article's guarded statement over arrays), `read.updated`
+//! ([`chatpipe_core::watermark::advance`], the original design's guarded statement over arrays), `read.updated`
 //! outbox events for exactly the rows that advanced, COMMIT. Replaying a batch changes
 //! nothing and emits nothing, because the UPDATE only ever moves a watermark forwards.
 
