@@ -38,6 +38,7 @@ pub struct Settings {
     pub kafka: KafkaSettings,
     pub sends: crate::store::send::SendSettings,
     pub rate_limits: crate::rate::RateLimitSettings,
+    pub demo: crate::routes::demo::DemoSettings,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -77,6 +78,8 @@ pub struct HttpSettings {
     pub shutdown_grace_ms: u64,
     pub header_read_timeout_ms: u64,
     pub max_connections: usize,
+    /// Origins a browser may call the API from (CORS); empty: none but the API's own.
+    pub cors_allowed_origins: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -5,7 +5,7 @@ use crate::error::ApiError;
 
 /// A conversation's type, spelled as the `conversation.type` column, the API and the
 /// `conversation.created` event spell it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, sqlx::Type)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, sqlx::Type, utoipa::ToSchema)]
 #[serde(rename_all = "UPPERCASE")]
 #[sqlx(type_name = "text", rename_all = "UPPERCASE")]
 pub enum ConversationKind {

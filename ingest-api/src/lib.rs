@@ -4,6 +4,7 @@ pub mod configuration;
 pub mod domain;
 pub mod error;
 pub mod extract;
+pub mod openapi;
 pub mod rate;
 pub mod receipts;
 pub mod routes;

@@ -92,9 +92,16 @@ impl Application {
             cursors: CursorKey::load(&pool)
                 .await
                 .context("reading the sync cursor key (migration 20261201000008)")?,
+            demo: settings
+                .demo
+                .enabled
+                .then(|| Arc::new(settings.demo.clone())),
         };
         let admin_router = routes::admin_router(state.clone());
-        let router = routes::router(state, settings.http.request_timeout());
+        let mut router = routes::router(state, settings.http.request_timeout());
+        if let Some(cors) = routes::cors(&settings.http.cors_allowed_origins)? {
+            router = router.layer(cors);
+        }
         let listener = TcpListener::bind(settings.http.addr)
             .await
             .with_context(|| format!("binding {} (http.addr)", settings.http.addr))?;

@@ -29,4 +29,6 @@ pub struct AppState {
     pub receipts: Option<ReceiptProducer>,
     /// Signs and checks `GET /sync` cursors.
     pub cursors: CursorKey,
+    /// `Some` in demo mode (`demo.enabled`): the `/app` client and `/demo/token`.
+    pub demo: Option<Arc<crate::routes::demo::DemoSettings>>,
 }

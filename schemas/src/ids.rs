@@ -47,6 +47,23 @@ macro_rules! checked_i64 {
             }
         }
 
+        /// In the OpenAPI document: an int64 of at least the minimum.
+        #[cfg(feature = "openapi")]
+        impl utoipa::PartialSchema for $name {
+            fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+                utoipa::openapi::ObjectBuilder::new()
+                    .schema_type(utoipa::openapi::schema::Type::Integer)
+                    .format(Some(utoipa::openapi::SchemaFormat::KnownFormat(
+                        utoipa::openapi::KnownFormat::Int64,
+                    )))
+                    .minimum(Some($min))
+                    .into()
+            }
+        }
+
+        #[cfg(feature = "openapi")]
+        impl utoipa::ToSchema for $name {}
+
         impl TryFrom<i64> for $name {
             type Error = $error;
             fn try_from(value: i64) -> Result<Self, Self::Error> {

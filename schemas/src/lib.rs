@@ -78,6 +78,7 @@ pub struct MemberJoined {
 
 /// A member's role in a group: admins add and remove others and change roles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "UPPERCASE")]
 pub enum Role {
     Admin,

@@ -1,8 +1,10 @@
 //! The contracts chatpipe publishes beside its code, checked against the code: the
-//! Prometheus rules and the Grafana dashboard (docs/prometheus, docs/grafana). Tools they
+//! OpenAPI document of the REST API, the Prometheus rules and the Grafana dashboard
+//! (docs/prometheus, docs/grafana). Tools they
 //! need (promtool) are installed by scripts/test; a missing one fails the test and says
 //! which.
 
+mod openapi;
 mod operations;
 
 use std::path::PathBuf;

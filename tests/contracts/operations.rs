@@ -282,7 +282,7 @@ fn every_metric_the_code_writes_is_in_the_catalogue() {
     );
 }
 
-fn rust_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+pub fn rust_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut files = Vec::new();
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();

@@ -6,6 +6,7 @@ mod bounds;
 mod conversations;
 mod deletes;
 mod delivered;
+mod demo;
 mod edits;
 mod group_commit;
 mod inbox;

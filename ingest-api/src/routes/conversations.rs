@@ -12,7 +12,7 @@ use crate::rate::Kind;
 use crate::state::AppState;
 use crate::store::conversations as store;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct CreateConversation {
     #[serde(rename = "type")]
@@ -22,6 +22,20 @@ pub struct CreateConversation {
 }
 
 /// `POST /conversations`: a new GROUP; the caller becomes a member.
+#[utoipa::path(
+    post,
+    path = "/conversations",
+    tag = "conversations",
+    summary = "Create a group; the caller becomes its admin",
+    request_body = CreateConversation,
+    responses(
+        (status = 201, description = "The group", body = crate::store::conversations::ConversationView),
+        (status = 409, description = "`/problems/member-limit`: more than `limits.max_group_members`", body = crate::openapi::ProblemBody, content_type = "application/problem+json"),
+        crate::openapi::Common,
+        crate::openapi::WithBody,
+        crate::openapi::Limited
+    )
+)]
 pub async fn create(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -48,13 +62,27 @@ pub async fn create(
     Ok((StatusCode::CREATED, axum::Json(view)))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct OpenDirect {
     peer_id: i64,
 }
 
 /// `POST /direct`: the one DIRECT conversation of the caller and `peerId`.
+#[utoipa::path(
+    post,
+    path = "/direct",
+    tag = "conversations",
+    summary = "The one DIRECT conversation of the caller and a peer",
+    request_body = OpenDirect,
+    responses(
+        (status = 201, description = "Opened now", body = crate::store::conversations::ConversationView),
+        (status = 200, description = "It existed: the same conversation", body = crate::store::conversations::ConversationView),
+        crate::openapi::Common,
+        crate::openapi::WithBody,
+        crate::openapi::Limited
+    )
+)]
 pub async fn open_direct(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -77,13 +105,30 @@ pub async fn open_direct(
     Ok((status, axum::Json(view)))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct AddMembers {
     user_ids: Vec<i64>,
 }
 
 /// `POST /conversations/{id}/members`
+#[utoipa::path(
+    post,
+    path = "/conversations/{id}/members",
+    tag = "conversations",
+    summary = "Add members to a group (admins only)",
+    params(("id" = i64, Path, description = "the conversation", minimum = 1)),
+    request_body = AddMembers,
+    responses(
+        (status = 200, description = "Who was added", body = crate::store::conversations::MembersAdded),
+        (status = 403, description = "`/problems/forbidden`: the caller is not an admin of the group", body = crate::openapi::ProblemBody, content_type = "application/problem+json"),
+        (status = 409, description = "`/problems/member-limit`, `/problems/direct-membership-fixed`", body = crate::openapi::ProblemBody, content_type = "application/problem+json"),
+        crate::openapi::Common,
+        crate::openapi::Scoped,
+        crate::openapi::WithBody,
+        crate::openapi::Limited
+    )
+)]
 pub async fn add_members(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -108,6 +153,21 @@ pub async fn add_members(
 }
 
 /// `DELETE /conversations/{id}/members/{userId}`
+#[utoipa::path(
+    delete,
+    path = "/conversations/{id}/members/{userId}",
+    tag = "conversations",
+    summary = "Leave, or remove a member (admins only)",
+    params(("id" = i64, Path, description = "the conversation", minimum = 1), ("userId" = i64, Path, description = "the member", minimum = 1)),
+    responses(
+        (status = 204, description = "Gone (also when already gone)"),
+        (status = 403, description = "`/problems/forbidden`: removing another member without being an admin", body = crate::openapi::ProblemBody, content_type = "application/problem+json"),
+        (status = 409, description = "`/problems/direct-membership-fixed`", body = crate::openapi::ProblemBody, content_type = "application/problem+json"),
+        crate::openapi::Common,
+        crate::openapi::Scoped,
+        crate::openapi::Limited
+    )
+)]
 pub async fn remove_member(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -122,19 +182,39 @@ pub async fn remove_member(
 
 /// `GET /conversations/{id}/members`: who is in it, with their roles, longest-standing
 /// first.
+#[utoipa::path(
+    get,
+    path = "/conversations/{id}/members",
+    tag = "conversations",
+    summary = "Who is in it, longest-standing first",
+    params(("id" = i64, Path, description = "the conversation", minimum = 1)),
+    responses(
+        (status = 200, description = "The members with their roles", body = MembersList),
+        crate::openapi::Common,
+        crate::openapi::Scoped
+    )
+)]
 pub async fn members(
     State(state): State<AppState>,
     Caller(caller): Caller,
     ConversationPath(conversation): ConversationPath,
 ) -> Result<impl IntoResponse, ApiError> {
     let members = store::members(&state.store, conversation, caller).await?;
-    Ok(axum::Json(serde_json::json!({
-        "conversationId": conversation,
-        "members": members,
-    })))
+    Ok(axum::Json(MembersList {
+        conversation_id: conversation,
+        members,
+    }))
 }
 
-#[derive(Deserialize)]
+/// The answer of `GET /conversations/{id}/members`.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MembersList {
+    conversation_id: ConversationId,
+    members: Vec<store::MemberEntry>,
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct SetRole {
     role: String,
@@ -142,6 +222,23 @@ pub struct SetRole {
 
 /// `PATCH /conversations/{id}/members/{userId}` `{role}`: an admin makes a member admin
 /// (`"ADMIN"`) or an admin a member (`"MEMBER"`).
+#[utoipa::path(
+    patch,
+    path = "/conversations/{id}/members/{userId}",
+    tag = "conversations",
+    summary = "Make a member an admin, or an admin a member (admins only)",
+    params(("id" = i64, Path, description = "the conversation", minimum = 1), ("userId" = i64, Path, description = "the member", minimum = 1)),
+    request_body = SetRole,
+    responses(
+        (status = 200, description = "The role now", body = crate::store::conversations::RoleSet),
+        (status = 403, description = "`/problems/forbidden`", body = crate::openapi::ProblemBody, content_type = "application/problem+json"),
+        (status = 409, description = "`/problems/last-admin`, `/problems/direct-membership-fixed`", body = crate::openapi::ProblemBody, content_type = "application/problem+json"),
+        crate::openapi::Common,
+        crate::openapi::Scoped,
+        crate::openapi::WithBody,
+        crate::openapi::Limited
+    )
+)]
 pub async fn set_role(
     State(state): State<AppState>,
     Caller(caller): Caller,

@@ -8,12 +8,31 @@ use chatpipe_core::problem::Problem;
 use crate::state::AppState;
 
 /// `GET /healthz`: the process is up.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "operations",
+    summary = "The process is up",
+    security(()),
+    responses((status = 200, description = "Up", body = crate::openapi::Status))
+)]
 pub async fn healthz() -> impl IntoResponse {
-    axum::Json(serde_json::json!({ "status": "ok" }))
+    axum::Json(crate::openapi::Status { status: "ok" })
 }
 
 /// `GET /readyz` on the public listener: the database answers within a second. Why it
 /// does not is for operators (the admin listener's `/readyz`), not for the internet.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "operations",
+    summary = "The database answers within a second",
+    security(()),
+    responses(
+        (status = 200, description = "Ready", body = crate::openapi::Status),
+        (status = 503, description = "`/problems/not-ready`", body = crate::openapi::ProblemBody, content_type = "application/problem+json")
+    )
+)]
 pub async fn readyz(State(state): State<AppState>) -> axum::response::Response {
     match probe(&state).await {
         Ok(()) => ready(),
@@ -39,7 +58,7 @@ async fn probe(state: &AppState) -> Result<(), String> {
 }
 
 fn ready() -> axum::response::Response {
-    axum::Json(serde_json::json!({ "status": "ready" })).into_response()
+    axum::Json(crate::openapi::Status { status: "ready" }).into_response()
 }
 
 fn not_ready(detail: String) -> axum::response::Response {

@@ -8,7 +8,8 @@ use crate::extract::{Caller, Query};
 use crate::state::AppState;
 use crate::store::inbox::{self as store, Cursor};
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct InboxQuery {
     limit: Option<i64>,
@@ -16,6 +17,17 @@ pub struct InboxQuery {
 }
 
 /// `GET /inbox?limit=&cursor=`
+#[utoipa::path(
+    get,
+    path = "/inbox",
+    tag = "inbox",
+    summary = "The caller's conversations, most recent activity first, with unread counts",
+    params(InboxQuery),
+    responses(
+        (status = 200, description = "A page of the inbox", body = crate::store::inbox::InboxPage),
+        crate::openapi::Common
+    )
+)]
 pub async fn inbox(
     State(state): State<AppState>,
     Caller(user): Caller,

@@ -13,7 +13,7 @@ use crate::state::AppState;
 use crate::store::messages::{self as store, Page};
 use crate::store::send::SendOutcome;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct SendMessage {
     client_msg_id: Uuid,
@@ -21,6 +21,23 @@ pub struct SendMessage {
 }
 
 /// `POST /conversations/{id}/messages`: 201 for a new message, 200 for a replay.
+#[utoipa::path(
+    post,
+    path = "/conversations/{id}/messages",
+    tag = "messages",
+    summary = "Send a message (idempotent on clientMsgId)",
+    params(("id" = i64, Path, description = "the conversation", minimum = 1)),
+    request_body = SendMessage,
+    responses(
+        (status = 201, description = "Committed: its seq", body = crate::store::send::SentMessage),
+        (status = 200, description = "A retry of a committed send: the original seq", body = crate::store::send::SentMessage),
+        (status = 409, description = "`/problems/client-msg-id-reused`: the clientMsgId names a different message", body = crate::openapi::ProblemBody, content_type = "application/problem+json"),
+        crate::openapi::Common,
+        crate::openapi::Scoped,
+        crate::openapi::WithBody,
+        crate::openapi::Limited
+    )
+)]
 pub async fn send(
     State(state): State<AppState>,
     Caller(sender): Caller,
@@ -41,7 +58,8 @@ pub async fn send(
     )
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct HistoryQuery {
     before_seq: Option<i64>,
@@ -49,13 +67,30 @@ pub struct HistoryQuery {
     limit: Option<i64>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct EditMessage {
     body: String,
 }
 
 /// `PATCH /conversations/{id}/messages/{seq}` `{body}`: the sender replaces the body.
+#[utoipa::path(
+    patch,
+    path = "/conversations/{id}/messages/{seq}",
+    tag = "messages",
+    summary = "Replace a message's body (its sender only)",
+    params(("id" = i64, Path, description = "the conversation", minimum = 1), ("seq" = i64, Path, description = "the message", minimum = 1)),
+    request_body = EditMessage,
+    responses(
+        (status = 200, description = "The message as it is now", body = crate::store::messages::Edited),
+        (status = 403, description = "`/problems/forbidden`: not the sender", body = crate::openapi::ProblemBody, content_type = "application/problem+json"),
+        (status = 409, description = "`/problems/message-deleted`", body = crate::openapi::ProblemBody, content_type = "application/problem+json"),
+        crate::openapi::Common,
+        crate::openapi::Scoped,
+        crate::openapi::WithBody,
+        crate::openapi::Limited
+    )
+)]
 pub async fn edit(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -72,6 +107,20 @@ pub async fn edit(
 
 /// `DELETE /conversations/{id}/messages/{seq}`: the sender, or an admin of the group,
 /// erases the body. 204, and 204 again when repeated.
+#[utoipa::path(
+    delete,
+    path = "/conversations/{id}/messages/{seq}",
+    tag = "messages",
+    summary = "Delete a message: its body is erased (the sender, or an admin of the group)",
+    params(("id" = i64, Path, description = "the conversation", minimum = 1), ("seq" = i64, Path, description = "the message", minimum = 1)),
+    responses(
+        (status = 204, description = "Deleted (also when already deleted)"),
+        (status = 403, description = "`/problems/forbidden`", body = crate::openapi::ProblemBody, content_type = "application/problem+json"),
+        crate::openapi::Common,
+        crate::openapi::Scoped,
+        crate::openapi::Limited
+    )
+)]
 pub async fn delete(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -85,6 +134,18 @@ pub async fn delete(
 }
 
 /// `GET /conversations/{id}/messages?beforeSeq=&afterSeq=&limit=`
+#[utoipa::path(
+    get,
+    path = "/conversations/{id}/messages",
+    tag = "messages",
+    summary = "Page history (newest page, or before/after a seq)",
+    params(("id" = i64, Path, description = "the conversation", minimum = 1), HistoryQuery),
+    responses(
+        (status = 200, description = "Messages in ascending seq", body = crate::store::messages::HistoryPage),
+        crate::openapi::Common,
+        crate::openapi::Scoped
+    )
+)]
 pub async fn history(
     State(state): State<AppState>,
     Caller(reader): Caller,

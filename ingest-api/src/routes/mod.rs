@@ -8,15 +8,19 @@ use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::get;
 use axum::{BoxError, Router};
 use chatpipe_core::problem::Problem;
 use tower::ServiceBuilder;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::error::ErrorCause;
 use crate::state::AppState;
 
 pub mod conversations;
+pub mod demo;
 pub mod health;
 pub mod inbox;
 pub mod messages;
@@ -24,50 +28,79 @@ pub mod reads;
 pub mod sync;
 
 /// Every route of the API, with the request deadline on the API routes, the body limit,
-/// and per-route counting and logging on all of them.
+/// and per-route counting and logging on all of them, and `GET /openapi.json`. Each
+/// route comes with its OpenAPI operation ([`documented`]).
 pub fn router(state: AppState, request_timeout: Duration) -> Router {
     let max_request_bytes = state.max_request_bytes;
-    let api = Router::new()
-        .route("/conversations", post(conversations::create))
-        .route("/direct", post(conversations::open_direct))
-        .route(
-            "/conversations/{id}/members",
-            post(conversations::add_members).get(conversations::members),
-        )
-        .route(
-            "/conversations/{id}/members/{userId}",
-            delete(conversations::remove_member).patch(conversations::set_role),
-        )
-        .route(
-            "/conversations/{id}/messages",
-            post(messages::send).get(messages::history),
-        )
-        .route("/conversations/{id}/read", post(reads::mark_read))
-        .route("/conversations/{id}/delivered", post(reads::mark_delivered))
-        .route(
-            "/conversations/{id}/messages/{seq}",
-            axum::routing::patch(messages::edit).delete(messages::delete),
-        )
-        .route(
-            "/conversations/{id}/messages/{seq}/receipts",
-            get(reads::receipts),
-        )
-        .route("/inbox", get(inbox::inbox))
-        .route("/sync", get(sync::sync))
-        .layer(
-            ServiceBuilder::new()
-                .layer(HandleErrorLayer::new(timed_out))
-                .timeout(request_timeout),
-        );
-    Router::new()
-        .merge(api)
-        .route("/healthz", get(health::healthz))
-        .route("/readyz", get(health::readyz))
+    let (api, operations) = documented(state.demo.is_some());
+    let api = api.layer(
+        ServiceBuilder::new()
+            .layer(HandleErrorLayer::new(timed_out))
+            .timeout(request_timeout),
+    );
+    let (router, _) = api.merge(operations).split_for_parts();
+    router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_request_bytes))
         .layer(middleware::from_fn(observe))
         .with_state(state)
+}
+
+/// The served routes with their operations: the API's (under the request deadline) and
+/// the operations ones (health, the document itself). The demo's only in demo mode.
+/// `routes!` takes each handler's path and method from its `#[utoipa::path]`, so a
+/// route cannot be served without being documented.
+pub fn documented(demo: bool) -> (OpenApiRouter<AppState>, OpenApiRouter<AppState>) {
+    let mut api = OpenApiRouter::with_openapi(crate::openapi::ApiDoc::openapi())
+        .routes(routes!(conversations::create))
+        .routes(routes!(conversations::open_direct))
+        .routes(routes!(conversations::add_members, conversations::members))
+        .routes(routes!(
+            conversations::remove_member,
+            conversations::set_role
+        ))
+        .routes(routes!(messages::send, messages::history))
+        .routes(routes!(messages::edit, messages::delete))
+        .routes(routes!(reads::mark_read))
+        .routes(routes!(reads::mark_delivered))
+        .routes(routes!(reads::receipts))
+        .routes(routes!(inbox::inbox))
+        .routes(routes!(sync::sync));
+    if demo {
+        api = api.merge(demo::routes());
+    }
+    let operations = OpenApiRouter::new()
+        .routes(routes!(health::healthz))
+        .routes(routes!(health::readyz))
+        .routes(routes!(crate::openapi::document));
+    (api, operations)
+}
+
+/// CORS for the browser origins of `http.cors_allowed_origins`: the API's methods, the
+/// `Authorization` and `Content-Type` headers, and `Retry-After` readable by the page.
+/// No origins: no CORS layer at all (a browser on another origin is refused).
+pub fn cors(origins: &[String]) -> anyhow::Result<Option<tower_http::cors::CorsLayer>> {
+    if origins.is_empty() {
+        return Ok(None);
+    }
+    use axum::http::{header, HeaderValue, Method};
+    use tower_http::cors::{AllowOrigin, CorsLayer};
+    let origins = origins
+        .iter()
+        .map(|o| {
+            HeaderValue::from_str(o)
+                .map_err(|e| anyhow::anyhow!("http.cors_allowed_origins: {o:?}: {e}"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(Some(
+        CorsLayer::new()
+            .allow_origin(AllowOrigin::list(origins))
+            .allow_methods([Method::GET, Method::POST, Method::PATCH, Method::DELETE])
+            .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
+            .expose_headers([header::RETRY_AFTER])
+            .max_age(std::time::Duration::from_secs(600)),
+    ))
 }
 
 /// The operators' routes, for the admin listener: `/metrics`, `/readyz` saying why it is

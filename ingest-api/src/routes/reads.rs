@@ -12,7 +12,7 @@ use crate::receipts::{ReceiptProducer, Said};
 use crate::state::AppState;
 use crate::store::reads as store;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MarkRead {
     seq: i64,
@@ -23,6 +23,21 @@ pub struct MarkRead {
 /// Stream mode (the default): `202 {conversationId, acceptedSeq, lastReadSeq}`, the
 /// receipt is on `chat.read-receipts` and the watermark moves within one debounce window.
 /// Direct mode: `200 {lastReadSeq, advanced}`, moved in this request.
+#[utoipa::path(
+    post,
+    path = "/conversations/{id}/read",
+    tag = "read state",
+    summary = "Move the caller's read watermark up to seq",
+    params(("id" = i64, Path, description = "the conversation", minimum = 1)),
+    request_body = MarkRead,
+    responses(
+        (status = 202, description = "Stream mode: the mark is on chat.read-receipts; the watermark moves within one debounce window", body = ReadAccepted),
+        (status = 200, description = "Direct mode: moved in this request", body = crate::store::reads::ReadOutcome),
+        crate::openapi::Common,
+        crate::openapi::Scoped,
+        crate::openapi::WithBody
+    )
+)]
 pub async fn mark_read(
     State(state): State<AppState>,
     Caller(reader): Caller,
@@ -44,11 +59,11 @@ pub async fn mark_read(
         position.last_read_seq,
     )
     .await?;
-    let body = serde_json::json!({
-        "conversationId": conversation.get(),
-        "acceptedSeq": accepted,
-        "lastReadSeq": position.last_read_seq,
-    });
+    let body = ReadAccepted {
+        conversation_id: conversation,
+        accepted_seq: accepted,
+        last_read_seq: position.last_read_seq,
+    };
     Ok((StatusCode::ACCEPTED, axum::Json(body)).into_response())
 }
 
@@ -57,6 +72,21 @@ pub async fn mark_read(
 ///
 /// Stream mode: `202 {conversationId, acceptedSeq, lastDeliveredSeq}`, the ack is on
 /// `chat.delivery-acks`. Direct mode: `200 {lastDeliveredSeq, advanced}`.
+#[utoipa::path(
+    post,
+    path = "/conversations/{id}/delivered",
+    tag = "read state",
+    summary = "The caller's devices got everything up to seq (delivered ticks)",
+    params(("id" = i64, Path, description = "the conversation", minimum = 1)),
+    request_body = MarkRead,
+    responses(
+        (status = 202, description = "Stream mode: the ack is on chat.delivery-acks", body = DeliveryAccepted),
+        (status = 200, description = "Direct mode: moved in this request", body = crate::store::reads::DeliveredOutcome),
+        crate::openapi::Common,
+        crate::openapi::Scoped,
+        crate::openapi::WithBody
+    )
+)]
 pub async fn mark_delivered(
     State(state): State<AppState>,
     Caller(user): Caller,
@@ -78,17 +108,37 @@ pub async fn mark_delivered(
         position.last_delivered_seq,
     )
     .await?;
-    let body = serde_json::json!({
-        "conversationId": conversation.get(),
-        "acceptedSeq": accepted,
-        "lastDeliveredSeq": position.last_delivered_seq,
-    });
+    let body = DeliveryAccepted {
+        conversation_id: conversation,
+        accepted_seq: accepted,
+        last_delivered_seq: position.last_delivered_seq,
+    };
     Ok((StatusCode::ACCEPTED, axum::Json(body)).into_response())
 }
 
 /// Clamps `seq` to the conversation's last seq, as the flush will, and produces the
 /// receipt unless it cannot move the watermark (which `stands` at). Returns the clamped
 /// seq.
+/// `202` of a read mark in stream mode.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReadAccepted {
+    conversation_id: ConversationId,
+    /// The seq sent on (the request's, clamped to the conversation's last seq).
+    accepted_seq: i64,
+    /// The watermark as it stood when the mark was accepted.
+    last_read_seq: i64,
+}
+
+/// `202` of a delivery ack in stream mode.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeliveryAccepted {
+    conversation_id: ConversationId,
+    accepted_seq: i64,
+    last_delivered_seq: i64,
+}
+
 async fn forward(
     producer: &ReceiptProducer,
     said: Said,
@@ -114,6 +164,18 @@ async fn forward(
 }
 
 /// `GET /conversations/{id}/messages/{seq}/receipts`
+#[utoipa::path(
+    get,
+    path = "/conversations/{id}/messages/{seq}/receipts",
+    tag = "read state",
+    summary = "Read by N and delivered to N (groups); read and delivered (DIRECT)",
+    params(("id" = i64, Path, description = "the conversation", minimum = 1), ("seq" = i64, Path, description = "the message", minimum = 1)),
+    responses(
+        (status = 200, description = "The message's receipts", body = crate::store::reads::Receipts),
+        crate::openapi::Common,
+        crate::openapi::Scoped
+    )
+)]
 pub async fn receipts(
     State(state): State<AppState>,
     Caller(caller): Caller,

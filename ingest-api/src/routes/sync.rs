@@ -8,7 +8,8 @@ use crate::extract::{Caller, Query};
 use crate::state::AppState;
 use crate::store::sync as store;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct SyncQuery {
     since: Option<String>,
@@ -18,6 +19,17 @@ pub struct SyncQuery {
 /// `GET /sync?since=&limit=`: every conversation of the caller that changed since the
 /// cursor, with up to `limit` new or changed messages each; without `since`, the whole
 /// inbox state and a first cursor.
+#[utoipa::path(
+    get,
+    path = "/sync",
+    tag = "inbox",
+    summary = "Everything that changed since a cursor, in one call",
+    params(SyncQuery),
+    responses(
+        (status = 200, description = "The changed conversations and a new cursor", body = crate::store::sync::SyncPage),
+        crate::openapi::Common
+    )
+)]
 pub async fn sync(
     State(state): State<AppState>,
     Caller(user): Caller,

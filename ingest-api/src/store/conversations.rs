@@ -16,7 +16,7 @@ use sqlx::PgConnection;
 use super::{now, Store, StoreError};
 use crate::domain::ConversationKind;
 
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema, sqlx::FromRow)]
 #[serde(rename_all = "camelCase")]
 pub struct ConversationView {
     #[sqlx(rename = "id")]
@@ -248,7 +248,7 @@ async fn lock_group_as_member(
     Ok(locked)
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MembersAdded {
     pub conversation_id: ConversationId,
@@ -382,7 +382,7 @@ async fn promote_if_no_admin(
     Ok(heir.map(db::id).transpose()?)
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RoleSet {
     pub conversation_id: ConversationId,
@@ -458,7 +458,7 @@ pub async fn set_role(
     Ok(answer)
 }
 
-#[derive(Debug, Serialize, sqlx::FromRow)]
+#[derive(Debug, Serialize, utoipa::ToSchema, sqlx::FromRow)]
 #[serde(rename_all = "camelCase")]
 pub struct MemberEntry {
     pub user_id: i64,

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::{Store, StoreError};
 
-#[derive(Debug, Serialize, sqlx::FromRow)]
+#[derive(Debug, Serialize, utoipa::ToSchema, sqlx::FromRow)]
 #[serde(rename_all = "camelCase")]
 pub struct InboxEntry {
     #[sqlx(flatten)]
@@ -23,7 +23,7 @@ pub struct InboxEntry {
 }
 
 /// A conversation as one member sees it: [`state_columns`].
-#[derive(Debug, Serialize, sqlx::FromRow)]
+#[derive(Debug, Serialize, utoipa::ToSchema, sqlx::FromRow)]
 #[serde(rename_all = "camelCase")]
 pub struct ConversationState {
     pub conversation_id: i64,
@@ -52,7 +52,7 @@ struct LastMessageRow {
     last_message_at: Option<DateTime<Utc>>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LastMessage {
     pub seq: i64,
@@ -66,7 +66,7 @@ pub struct LastMessage {
     pub created_at: DateTime<Utc>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct InboxPage {
     pub conversations: Vec<InboxEntry>,

@@ -11,7 +11,7 @@ use super::{Store, StoreError};
 use crate::domain::ConversationKind;
 use chatpipe_schemas::Role;
 
-#[derive(Debug, Serialize, sqlx::FromRow)]
+#[derive(Debug, Serialize, utoipa::ToSchema, sqlx::FromRow)]
 #[serde(rename_all = "camelCase")]
 pub struct HistoryMessage {
     pub seq: i64,
@@ -47,7 +47,7 @@ pub enum Page {
     After(i64),
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HistoryPage {
     /// Always in ascending seq order.
@@ -106,7 +106,7 @@ fn ascending() -> String {
 }
 
 /// An edited message, as the edit answers it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Edited {
     pub conversation_id: ConversationId,

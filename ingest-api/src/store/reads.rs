@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use super::{now, Store, StoreError};
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ReadOutcome {
     pub last_read_seq: i64,
@@ -80,7 +80,7 @@ pub async fn read_position(
     })
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DeliveredOutcome {
     pub last_delivered_seq: i64,
@@ -120,7 +120,7 @@ pub async fn mark_delivered(
 }
 
 /// Receipts of one message: "read by N" for a group, "read" for a DIRECT chat.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", untagged)]
 pub enum Receipts {
     #[serde(rename_all = "camelCase")]

@@ -49,7 +49,7 @@ pub struct SendSettings {
 }
 
 /// A message committed, as the sender learns it.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SentMessage {
     pub conversation_id: i64,

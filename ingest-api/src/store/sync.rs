@@ -74,7 +74,7 @@ impl CursorKey {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SyncPage {
     pub conversations: Vec<SyncEntry>,
@@ -82,7 +82,7 @@ pub struct SyncPage {
     pub next_cursor: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum SyncEntry {
     Member(Box<Changed>),
@@ -94,7 +94,7 @@ pub enum SyncEntry {
     },
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Changed {
     #[serde(flatten)]

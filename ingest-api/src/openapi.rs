@@ -1,0 +1,173 @@
+//! The OpenAPI 3.1 document of the REST API, generated from the code: each handler
+//! carries a `#[utoipa::path]` annotation next to it, its request and answer types derive
+//! `ToSchema`, and [`crate::routes::router`] registers handlers through utoipa-axum's
+//! `routes!`, which takes a route's path and method from that same annotation. A route
+//! is in the document exactly when it is served. `GET /openapi.json` serves it; the
+//! contract tests lint it and call every operation in it (tests/contracts/).
+
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{IntoResponses, Modify, OpenApi, ToSchema};
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "chatpipe ingest-api",
+        description = "Send, page history, mark read and delivered, list the inbox, sync. \
+            Every call but the operations ones needs `Authorization: Bearer <JWT>`. \
+            Errors are `application/problem+json` (RFC 9457); each answer's description \
+            names the problem `type`s it can carry. An unknown path answers 404 \
+            `/problems/not-found`, a known path with another method 405 \
+            `/problems/method-not-allowed`. Reference: docs/api.md; pushes over the \
+            WebSocket: docs/protocol.md and docs/asyncapi.yaml.",
+        license(name = "Apache-2.0", identifier = "Apache-2.0"),
+    ),
+    modifiers(&BearerAuth),
+    security(("bearer" = [])),
+    tags(
+        (name = "conversations", description = "Groups, DIRECT conversations and their members"),
+        (name = "messages", description = "Send, edit, delete, page history"),
+        (name = "read state", description = "Read and delivered watermarks, receipts"),
+        (name = "inbox", description = "The caller's conversations, and everything that changed"),
+        (name = "operations", description = "Liveness and readiness (no token)"),
+        (name = "demo", description = "Only with demo.enabled: never where real users are"),
+    ),
+    components(schemas(ProblemBody))
+)]
+pub struct ApiDoc;
+
+/// The bearer JWT every API call carries.
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format("JWT")
+                    .description(Some(
+                        "HS256; `sub` is the user id. `ingest-api token --user N` prints one.",
+                    ))
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// An RFC 9457 problem: the body of every 4xx and 5xx.
+#[derive(ToSchema)]
+#[schema(as = Problem)]
+#[allow(dead_code)] // a description of `chatpipe_core::problem::Problem`'s JSON
+pub struct ProblemBody {
+    /// `/problems/<code>`, e.g. `/problems/invalid-field`.
+    #[schema(rename = "type")]
+    kind: String,
+    title: String,
+    status: u16,
+    detail: String,
+    /// The JSON path, query parameter or path segment at fault.
+    field: Option<String>,
+}
+
+/// What any call with a token can answer besides its own results.
+#[derive(IntoResponses)]
+#[allow(dead_code)]
+pub enum Common {
+    /// `/problems/invalid-parameter`: a path segment or query parameter does not parse
+    /// or is out of range.
+    #[response(status = 400, content_type = "application/problem+json")]
+    BadParameter(#[to_schema] ProblemBody),
+    /// `/problems/unauthorized`: the token is missing, malformed, expired or forged.
+    #[response(status = 401, content_type = "application/problem+json")]
+    Unauthorized(#[to_schema] ProblemBody),
+    /// `/problems/timeout`, `/problems/unavailable`: too slow, or the database pool is
+    /// exhausted; nothing was written. Retry (a send with the same `clientMsgId`).
+    #[response(status = 503, content_type = "application/problem+json")]
+    Unavailable(#[to_schema] ProblemBody),
+    /// `/problems/internal`: a bug or a database failure; nothing was committed.
+    #[response(status = 500, content_type = "application/problem+json")]
+    Internal(#[to_schema] ProblemBody),
+}
+
+/// What a call on one conversation can answer besides [`Common`].
+#[derive(IntoResponses)]
+#[allow(dead_code)]
+pub enum Scoped {
+    /// `/problems/not-found`: no such conversation, or the caller is not a member of it
+    /// (the same answer, so a stranger learns nothing); or no such message or member.
+    #[response(status = 404, content_type = "application/problem+json")]
+    NotFound(#[to_schema] ProblemBody),
+}
+
+/// What a call with a JSON body can answer besides [`Common`].
+#[derive(IntoResponses)]
+#[allow(dead_code)]
+pub enum WithBody {
+    /// `/problems/malformed-json`: the body is not JSON (also `invalid-parameter` for a
+    /// bad path or query value).
+    #[response(status = 400, content_type = "application/problem+json")]
+    Malformed(#[to_schema] ProblemBody),
+    /// `/problems/body-too-large`: over `http.max_request_bytes`.
+    #[response(status = 413, content_type = "application/problem+json")]
+    TooLarge(#[to_schema] ProblemBody),
+    /// `/problems/unsupported-media-type`: no `Content-Type: application/json`.
+    #[response(status = 415, content_type = "application/problem+json")]
+    MediaType(#[to_schema] ProblemBody),
+    /// `/problems/invalid-field`: a missing field, a value of the wrong type or out of
+    /// range, an unknown field; `field` names it.
+    #[response(status = 422, content_type = "application/problem+json")]
+    Invalid(#[to_schema] ProblemBody),
+}
+
+/// A write that counts against the caller's rate limit.
+#[derive(IntoResponses)]
+#[allow(dead_code)]
+pub enum Limited {
+    /// `/problems/rate-limited`: over the caller's rate limit; `Retry-After` says when
+    /// to try again, in whole seconds.
+    #[response(
+        status = 429,
+        content_type = "application/problem+json",
+        headers(("Retry-After" = u64, description = "seconds to wait"))
+    )]
+    RateLimited(#[to_schema] ProblemBody),
+}
+
+/// `{"status": ...}` of the operations routes.
+#[derive(serde::Serialize, ToSchema)]
+pub struct Status {
+    /// `ok` (`/healthz`) or `ready` (`/readyz`).
+    pub status: &'static str,
+}
+
+/// The document of this server (the demo's routes only in demo mode), built once.
+pub fn spec(demo: bool) -> &'static utoipa::openapi::OpenApi {
+    static PLAIN: std::sync::OnceLock<utoipa::openapi::OpenApi> = std::sync::OnceLock::new();
+    static DEMO: std::sync::OnceLock<utoipa::openapi::OpenApi> = std::sync::OnceLock::new();
+    let build = || {
+        let (api, operations) = crate::routes::documented(demo);
+        api.merge(operations).split_for_parts().1
+    };
+    if demo {
+        DEMO.get_or_init(build)
+    } else {
+        PLAIN.get_or_init(build)
+    }
+}
+
+/// `GET /openapi.json`: this document.
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "operations",
+    summary = "This API's OpenAPI 3.1 document",
+    security(()),
+    responses((status = 200, description = "The document", content_type = "application/json"))
+)]
+pub async fn document(
+    axum::extract::State(state): axum::extract::State<crate::state::AppState>,
+) -> axum::Json<&'static utoipa::openapi::OpenApi> {
+    axum::Json(spec(state.demo.is_some()))
+}
