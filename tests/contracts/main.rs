@@ -4,6 +4,7 @@
 //! need (promtool) are installed by scripts/test; a missing one fails the test and says
 //! which.
 
+mod asyncapi;
 mod openapi;
 mod operations;
 
