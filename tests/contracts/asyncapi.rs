@@ -29,9 +29,9 @@ fn the_asyncapi_document_is_valid_with_its_avro_payloads() {
 
 #[test]
 fn every_topic_and_every_frame_type_is_in_the_asyncapi_document() {
+    let text = std::fs::read_to_string(repo_root().join("docs/asyncapi.yaml")).unwrap();
     let doc: serde_yaml_ng::Value =
-        serde_yaml_ng::from_slice(&std::fs::read(repo_root().join("docs/asyncapi.yaml")).unwrap())
-            .expect("docs/asyncapi.yaml is YAML");
+        serde_yaml_ng::from_str(&text).expect("docs/asyncapi.yaml is YAML");
     let addresses: BTreeSet<&str> = doc["channels"]
         .as_mapping()
         .unwrap()
@@ -45,12 +45,7 @@ fn every_topic_and_every_frame_type_is_in_the_asyncapi_document() {
             contract.topic
         );
         let schema = format!("../schemas/{}.avsc", contract.history);
-        assert!(
-            doc.get("components").is_some()
-                && serde_yaml_ng::to_string(&doc).unwrap().contains(&schema),
-            "{} is not referred to",
-            schema
-        );
+        assert!(text.contains(&schema), "{schema} is not referred to");
     }
     assert!(addresses.contains("/ws"));
     let names: BTreeSet<&str> = doc["components"]["messages"]
