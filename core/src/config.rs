@@ -56,6 +56,10 @@ pub struct RegistrySettings {
     /// The subject of the chat.events value schema (TopicNameStrategy: `<topic>-value`).
     #[serde(default = "default_events_subject")]
     pub events_subject: String,
+    /// How long a service starting before the registry waits for it (retrying) before
+    /// it gives up and exits.
+    #[serde(default = "default_startup_wait_ms")]
+    pub startup_wait_ms: u64,
     /// A CA (PEM) to trust for an `https://` registry, besides the system's.
     #[serde(default)]
     pub ca_file: Option<std::path::PathBuf>,
@@ -87,6 +91,17 @@ impl RegistrySettings {
 
 fn default_events_subject() -> String {
     "chat.events-value".into()
+}
+
+fn default_startup_wait_ms() -> u64 {
+    300_000
+}
+
+impl RegistrySettings {
+    /// [`Self::startup_wait_ms`].
+    pub fn startup_wait(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.startup_wait_ms)
+    }
 }
 
 /// `[admin]`: the operators' listener of a service (`/metrics`, `/readyz` with the cause).

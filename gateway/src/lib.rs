@@ -23,6 +23,8 @@ use axum::routing::get;
 use axum::Router;
 use chatpipe_core::auth::{unix_now, AuthError, AuthSettings, TokenKeys, Verified};
 use chatpipe_core::config::{KafkaSettings, RegistrySettings};
+use chatpipe_core::startup::wait_for;
+use chatpipe_schemas::registry::incompatible;
 use futures::StreamExt;
 use pipeline::runtime::{
     Reader, ReaderSettings, ReaderSpec, Readiness, Source, Supervisor, WriterSchemas,
@@ -34,7 +36,7 @@ use std::sync::Arc;
 pub use sessions::Sessions;
 
 const DEFAULTS: &str = include_str!("../../config/gateway.toml");
-const ALIASES: &[(&str, &str)] = &[
+pub const ALIASES: &[(&str, &str)] = &[
     ("GATEWAY_ADDR", "http.addr"),
     ("GATEWAY_ADMIN_ADDR", "admin.addr"),
     ("GATEWAY_ID", "gateway.id"),
@@ -142,10 +144,17 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let keys = settings.auth.token_keys()?;
     let registry = settings.registry.connect()?;
-    let codec = registry
-        .presence_codec_for(&format!("{}-value", settings.presence.topic))
-        .await
-        .context("registering the presence schema")?;
+    // A gateway started before the registry or the broker waits for them.
+    let patience = settings.registry.startup_wait();
+    let presence_subject = format!("{}-value", settings.presence.topic);
+    let codec = wait_for(
+        "registering the presence schema",
+        patience,
+        || registry.presence_codec_for(&presence_subject),
+        incompatible,
+    )
+    .await
+    .context("registering the presence schema")?;
     // A presence record older than a lease is worth nothing: librdkafka gives up on it
     // then, rather than after its default five minutes.
     let producer: rdkafka::producer::FutureProducer = settings
@@ -155,6 +164,8 @@ pub async fn run(
         .create()
         .context("creating the Kafka producer")?;
     let sig = &settings.signals;
+    let acks_subject = format!("{}-value", sig.acks_topic);
+    let ephemeral_subject = format!("{}-value", sig.ephemeral_topic);
     let signals = signals::Signals {
         producer: settings
             .kafka
@@ -162,15 +173,23 @@ pub async fn run(
             .set("message.timeout.ms", sig.produce_timeout_ms.to_string())
             .create()
             .context("creating the Kafka producer of client signals")?,
-        acks_codec: registry
-            .receipt_codec_for(&format!("{}-value", sig.acks_topic))
-            .await
-            .context("registering the acks' schema")?,
+        acks_codec: wait_for(
+            "registering the acks' schema",
+            patience,
+            || registry.receipt_codec_for(&acks_subject),
+            incompatible,
+        )
+        .await
+        .context("registering the acks' schema")?,
         acks_topic: sig.acks_topic.clone(),
-        ephemeral_codec: registry
-            .ephemeral_codec_for(&format!("{}-value", sig.ephemeral_topic))
-            .await
-            .context("registering the chat.ephemeral schema")?,
+        ephemeral_codec: wait_for(
+            "registering the chat.ephemeral schema",
+            patience,
+            || registry.ephemeral_codec_for(&ephemeral_subject),
+            incompatible,
+        )
+        .await
+        .context("registering the chat.ephemeral schema")?,
         ephemeral_topic: sig.ephemeral_topic.clone(),
         typing_interval: Duration::from_millis(sig.typing_interval_ms),
     };
@@ -199,19 +218,48 @@ pub async fn run(
         "gateway_deliveries",
         settings.readers.stall_after(),
     );
-    let reader = Reader::new(
-        spec,
-        settings
-            .kafka
-            .client()
-            .set("fetch.wait.max.ms", "50")
-            .clone(),
-        deliveries::Pusher { lists: lists_tx },
-        WriterSchemas::new(registry, tokio::runtime::Handle::current()),
-        health,
-        tokio::runtime::Handle::current(),
-    )?;
-    check_partition(&reader, d)?;
+    // The reader looks up where its partition ends: the broker must answer.
+    let reader = wait_for(
+        "starting the deliveries reader",
+        patience,
+        || {
+            // librdkafka blocks while it asks: off the async workers.
+            let (spec, lists, registry, health, d) = (
+                spec.clone(),
+                lists_tx.clone(),
+                registry.clone(),
+                health.clone(),
+                d.clone(),
+            );
+            let client = settings
+                .kafka
+                .client()
+                .set("fetch.wait.max.ms", "50")
+                .clone();
+            let handle = tokio::runtime::Handle::current();
+            async move {
+                tokio::task::spawn_blocking(move || {
+                    let reader = Reader::new(
+                        spec,
+                        client,
+                        deliveries::Pusher { lists },
+                        WriterSchemas::new(registry, handle.clone()),
+                        health,
+                        handle,
+                    )?;
+                    check_partition(&reader, &d)?;
+                    anyhow::Ok(reader)
+                })
+                .await
+                .map_err(|e| format!("{e}"))?
+                .map_err(|e| format!("{e:#}"))
+            }
+        },
+        |_| false,
+    )
+    .await
+    .map_err(anyhow::Error::msg)?;
+    drop(lists_tx);
     let publisher = presence::Publisher {
         producer,
         codec,

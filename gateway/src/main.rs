@@ -20,6 +20,9 @@ struct Cli {
 enum Command {
     /// Serve /ws (the default).
     Serve,
+    /// Load the configuration (the defaults, --config FILE, the environment) and exit:
+    /// 0 with "configuration ok", or 1 naming each unknown key and bad value.
+    CheckConfig,
     /// Connect to a gateway as a user and print each frame it pushes, one JSON per line.
     Watch {
         /// The user to connect as (a token is minted with JWT_SECRET).
@@ -50,6 +53,10 @@ async fn main() -> anyhow::Result<()> {
     chatpipe_core::telemetry::init_logging();
     let settings = Settings::load(cli.config.as_deref()).context("loading configuration")?;
     match cli.command.unwrap_or(Command::Serve) {
+        Command::CheckConfig => {
+            println!("configuration ok");
+            Ok(())
+        }
         Command::Serve => {
             chatpipe_core::telemetry::build_info("gateway");
             let listener = gateway::listener(&settings)

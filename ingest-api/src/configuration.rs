@@ -15,7 +15,7 @@ use serde::Deserialize;
 const DEFAULTS: &str = include_str!("../../config/ingest-api.toml");
 
 /// Well-known variables that override a key directly.
-const ALIASES: &[(&str, &str)] = &[
+pub const ALIASES: &[(&str, &str)] = &[
     ("DATABASE_URL", "database.url"),
     ("JWT_SECRET", "auth.jwt_secret"),
     ("INGEST_ADDR", "http.addr"),

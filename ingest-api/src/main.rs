@@ -23,6 +23,9 @@ enum Command {
     Serve,
     /// Apply pending migrations and exit.
     Migrate,
+    /// Load the configuration (the defaults, --config FILE, the environment) and exit:
+    /// 0 with "configuration ok", or 1 naming each unknown key and bad value.
+    CheckConfig,
     /// Print a bearer token for local use.
     Token {
         #[arg(long)]
@@ -45,6 +48,7 @@ async fn main() -> anyhow::Result<()> {
             tracing::info!(addr = %app.local_addr(), admin = %app.admin_addr(), "ingest-api listening");
             app.run_until_stopped(startup::shutdown_signal()).await?;
         }
+        Command::CheckConfig => println!("configuration ok"),
         Command::Migrate => {
             let pool = startup::connect(&settings.database).await?;
             startup::MIGRATOR

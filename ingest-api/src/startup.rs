@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use axum::Router;
+use chatpipe_core::startup::wait_for;
+use chatpipe_schemas::registry::incompatible;
 use secrecy::ExposeSecret;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
@@ -45,11 +47,17 @@ impl Application {
             .registry
             .connect()
             .context("registry.url (SCHEMA_REGISTRY_URL)")?;
-        // Refuses to start on a schema the registry calls incompatible.
-        let codec = registry
-            .event_codec_for(&settings.registry.events_subject)
-            .await
-            .context("registering the chat.events schema")?;
+        // Waits for a registry that is not up yet; refuses to start on a schema the
+        // registry calls incompatible.
+        let patience = settings.registry.startup_wait();
+        let codec = wait_for(
+            "registering the chat.events schema",
+            patience,
+            || registry.event_codec_for(&settings.registry.events_subject),
+            incompatible,
+        )
+        .await
+        .context("registering the chat.events schema")?;
         let pool = connect(&settings.database).await?;
         if settings.database.migrate_on_start {
             MIGRATOR.run(&pool).await.context("applying migrations")?;
@@ -57,14 +65,23 @@ impl Application {
         let receipts = match settings.reads.mode {
             ReadMode::Direct => None,
             ReadMode::Stream => {
-                let codec = registry
-                    .receipt_codec()
-                    .await
-                    .context("registering the chat.read-receipts schema")?;
-                let acks = registry
-                    .receipt_codec_for(&format!("{}-value", settings.kafka.acks_topic))
-                    .await
-                    .context("registering the delivery acks' schema")?;
+                let codec = wait_for(
+                    "registering the chat.read-receipts schema",
+                    patience,
+                    || registry.receipt_codec(),
+                    incompatible,
+                )
+                .await
+                .context("registering the chat.read-receipts schema")?;
+                let acks_subject = format!("{}-value", settings.kafka.acks_topic);
+                let acks = wait_for(
+                    "registering the delivery acks' schema",
+                    patience,
+                    || registry.receipt_codec_for(&acks_subject),
+                    incompatible,
+                )
+                .await
+                .context("registering the delivery acks' schema")?;
                 Some(
                     ReceiptProducer::new(&settings.kafka, codec, acks)
                         .context("the Kafka producer (kafka.brokers)")?,

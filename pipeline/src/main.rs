@@ -34,6 +34,9 @@ enum Command {
     Audit,
     /// Print a topic's records, decoded, as JSON lines on stdout.
     Tail(pipeline::tail::TailArgs),
+    /// Load the configuration (the defaults, --config FILE, the environment) and exit:
+    /// 0 with "configuration ok", or 1 naming each unknown key and bad value.
+    CheckConfig,
 }
 
 #[tokio::main]
@@ -47,6 +50,10 @@ async fn main() -> anyhow::Result<()> {
     let extra_routes = match cli.command {
         Command::Tail(args) => {
             return pipeline::tail::run(&settings, args, &mut std::io::stdout().lock()).await
+        }
+        Command::CheckConfig => {
+            println!("configuration ok");
+            return Ok(());
         }
         Command::Receipts => {
             chatpipe_core::telemetry::build_info("receipts");

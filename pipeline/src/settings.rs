@@ -5,7 +5,7 @@ use serde::Deserialize;
 
 const DEFAULTS: &str = include_str!("../../config/pipeline.toml");
 
-const ALIASES: &[(&str, &str)] = &[
+pub const ALIASES: &[(&str, &str)] = &[
     ("KAFKA_BROKERS", "kafka.brokers"),
     ("SCHEMA_REGISTRY_URL", "registry.url"),
     ("DATABASE_URL", "database.url"),

@@ -39,6 +39,11 @@ pub enum RegistryError {
     Client(String),
 }
 
+/// Whether `err` is one no retry can mend: the schema itself is refused.
+pub fn incompatible(err: &RegistryError) -> bool {
+    matches!(err, RegistryError::Incompatible { .. })
+}
+
 /// How to reach a registry behind TLS with a private CA, or one that wants credentials
 /// (HTTP basic, as Confluent's and Apicurio's do).
 #[derive(Debug, Clone, Default)]

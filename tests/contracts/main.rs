@@ -5,6 +5,7 @@
 //! which.
 
 mod asyncapi;
+mod compose;
 mod openapi;
 mod operations;
 

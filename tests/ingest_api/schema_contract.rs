@@ -214,3 +214,28 @@ async fn a_running_app_registered_the_schema_it_writes_with() {
         );
     }
 }
+
+/// Started before the registry (a compose file, a reboot), ingest-api waits for it
+/// instead of exiting, and serves once it answers.
+#[tokio::test]
+async fn ingest_api_started_before_the_registry_waits_for_it() {
+    let real = url::Url::parse(&registry_url()).unwrap();
+    let target = format!("{}:{}", real.host_str().unwrap(), real.port().unwrap());
+    let (port, opens) = chatpipe_tests::late_port(&target, Duration::from_secs(3));
+    let mut settings = Settings::defaults_with_secret(JWT_SECRET);
+    settings.http.addr = "127.0.0.1:0".parse().unwrap();
+    settings.admin.addr = "127.0.0.1:0".parse().unwrap();
+    settings.database.url = chatpipe_tests::fresh_database().await.into();
+    settings.registry.url = registry_url().replace(&target, &format!("127.0.0.1:{port}"));
+    let app = ingest_api::startup::Application::build(settings)
+        .await
+        .expect("ingest-api starts once the registry answers");
+    assert!(
+        std::time::Instant::now() >= opens,
+        "it started before the registry could answer"
+    );
+    let addr = app.local_addr();
+    tokio::spawn(app.run_until_stopped(std::future::pending()));
+    let ready = reqwest::get(format!("http://{addr}/readyz")).await.unwrap();
+    assert_eq!(ready.status(), 200);
+}

@@ -4,6 +4,7 @@
 mod bad_records;
 mod fanout;
 mod gateway_restart;
+mod late_start;
 mod limits;
 mod membership;
 mod slow_client;

@@ -571,6 +571,32 @@ pub fn undescribed_metrics(text: &str) -> Vec<String> {
     gaps
 }
 
+/// A port on 127.0.0.1 that refuses connections for `after`, then forwards each one to
+/// `target` (`host:port`): the registry or the broker as seen by a service that started
+/// before it. Returns the port and when it opens.
+pub fn late_port(target: &str, after: Duration) -> (u16, std::time::Instant) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let target = target.to_owned();
+    tokio::spawn(async move {
+        tokio::time::sleep(after).await;
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .expect("binding the late port");
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            let target = target.clone();
+            tokio::spawn(async move {
+                if let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+    (port, std::time::Instant::now() + after)
+}
+
 #[cfg(test)]
 mod metric_text {
     #[test]

@@ -1,0 +1,214 @@
+//! docker-compose.yml cannot be started here (no Docker engine), so what can be checked
+//! without one is checked: every variable our services are given is one they read (a
+//! known alias, or `CHATPIPE_<SECTION>__<KEY>` naming a real key, which each binary's
+//! `check-config` loads with the compose values); the start order that keeps writes from
+//! being lost; persistent registry storage; one database name; a host listener for Kafka.
+
+use std::collections::BTreeMap;
+
+use serde_yaml_ng::Value;
+
+use crate::repo_root;
+
+fn compose() -> Value {
+    let text = std::fs::read_to_string(repo_root().join("docker-compose.yml")).unwrap();
+    let mut doc: Value = serde_yaml_ng::from_str(&text).expect("docker-compose.yml is YAML");
+    doc.apply_merge().expect("its merge keys resolve");
+    doc
+}
+
+/// A service's environment, `${VAR:?…}` given a value (a 32-byte secret) and
+/// `${VAR:-default}` its default.
+fn environment(service: &Value) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    if let Some(map) = service["environment"].as_mapping() {
+        for (k, v) in map {
+            let value = match v {
+                Value::String(s) => s.clone(),
+                Value::Number(n) => n.to_string(),
+                Value::Bool(b) => b.to_string(),
+                other => panic!("{k:?}: {other:?}"),
+            };
+            let value = if value.starts_with("${") && value.contains(":?") {
+                "compose-check-secret-0123456789abcdef".to_owned()
+            } else if let Some(rest) = value.strip_prefix("${").and_then(|v| v.strip_suffix('}')) {
+                rest.split_once(":-")
+                    .map(|(_, d)| d.to_owned())
+                    .unwrap_or_default()
+            } else {
+                value
+            };
+            env.insert(k.as_str().unwrap().to_owned(), value);
+        }
+    }
+    env
+}
+
+/// Which of our binaries a service runs, and the variables that binary reads.
+fn binary(service: &Value) -> (&'static str, &'static [(&'static str, &'static str)]) {
+    let first = service["entrypoint"][0].as_str().unwrap_or("ingest-api");
+    match first {
+        "ingest-api" => (
+            "CHATPIPE_INGEST_API_BIN",
+            ingest_api::configuration::ALIASES,
+        ),
+        "pipeline" => ("CHATPIPE_PIPELINE_BIN", pipeline::settings::ALIASES),
+        "gateway" => ("CHATPIPE_GATEWAY_BIN", gateway::ALIASES),
+        other => panic!("unknown entrypoint {other}"),
+    }
+}
+
+/// Variables every binary reads besides its config: the log format and filter.
+const LOGGING: &[&str] = &["LOG_FORMAT", "RUST_LOG"];
+
+#[test]
+fn every_variable_of_our_services_is_one_they_read_and_their_config_loads() {
+    let doc = compose();
+    let mut checked = 0;
+    for (name, service) in doc["services"].as_mapping().unwrap() {
+        let name = name.as_str().unwrap();
+        if service.get("build").is_none() {
+            continue;
+        }
+        let (bin_var, aliases) = binary(service);
+        let env = environment(service);
+        for var in env.keys() {
+            let known = aliases.iter().any(|(alias, _)| alias == var)
+                || LOGGING.contains(&var.as_str())
+                || var
+                    .strip_prefix("CHATPIPE_")
+                    .is_some_and(|rest| rest.contains("__"));
+            assert!(known, "{name}: {var} is read by nothing ({bin_var})");
+        }
+        // The binary loads its configuration from exactly these variables: an unknown
+        // CHATPIPE_ key or a value of the wrong type fails.
+        let bin = std::env::var(bin_var).unwrap_or_else(|_| {
+            panic!(
+                "{bin_var} is not set: run the suite with scripts/test, which builds the services"
+            )
+        });
+        let out = std::process::Command::new(&bin)
+            .arg("check-config")
+            .env_clear()
+            .envs(&env)
+            .output()
+            .expect("the binary runs");
+        assert!(
+            out.status.success(),
+            "{name}: its compose environment does not load:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        checked += 1;
+    }
+    assert!(checked >= 6, "{checked} of our services checked");
+}
+
+#[test]
+fn writes_start_only_after_the_connector_runs_and_everything_waits_for_health() {
+    let doc = compose();
+    let services = &doc["services"];
+    let after = |service: &str, dependency: &str| {
+        services[service]["depends_on"][dependency]["condition"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{service} does not wait for {dependency}"))
+            .to_owned()
+    };
+    // Writes committed before the replication slot exists never reach chat.events.
+    assert_eq!(
+        after("ingest-api", "connector"),
+        "service_completed_successfully"
+    );
+    let connector = serde_yaml_ng::to_string(&services["connector"]).unwrap();
+    assert!(
+        connector.contains("RUNNING"),
+        "the connector job waits for its task to run"
+    );
+    assert_eq!(after("connector", "connect"), "service_healthy");
+    assert_eq!(
+        after("connector", "migrate"),
+        "service_completed_successfully"
+    );
+    for (service, dependency) in [
+        ("ingest-api", "registry"),
+        ("receipts", "registry"),
+        ("fanout", "registry"),
+        ("gateway", "registry"),
+        ("topics", "kafka"),
+        ("registry", "postgres"),
+        ("migrate", "postgres"),
+    ] {
+        assert_eq!(
+            after(service, dependency),
+            "service_healthy",
+            "{service} -> {dependency}"
+        );
+    }
+    for (name, service) in services.as_mapping().unwrap() {
+        let name = name.as_str().unwrap();
+        let long_running = service.get("build").is_some()
+            && service["restart"].as_str() != Some("no")
+            || ["postgres", "kafka", "registry", "connect"].contains(&name);
+        if long_running {
+            assert_eq!(
+                service["restart"].as_str(),
+                Some("unless-stopped"),
+                "{name} restarts"
+            );
+            assert!(
+                service.get("healthcheck").is_some() || name == "audit",
+                "{name} has a health check"
+            );
+        }
+    }
+}
+
+#[test]
+fn registry_storage_persists_kafka_has_a_host_listener_and_one_database_name_is_used() {
+    let doc = compose();
+    let services = &doc["services"];
+    let registry = environment(&services["registry"]);
+    assert_eq!(
+        registry.get("APICURIO_STORAGE_KIND").map(String::as_str),
+        Some("sql")
+    );
+    assert!(registry["APICURIO_DATASOURCE_URL"].starts_with("jdbc:postgresql://"));
+    let kafka = environment(&services["kafka"]);
+    assert!(kafka["KAFKA_ADVERTISED_LISTENERS"].contains("127.0.0.1:9092"));
+    let ports = serde_yaml_ng::to_string(&services["kafka"]["ports"]).unwrap();
+    assert!(ports.contains("9092:9092"), "{ports}");
+
+    // One database name: compose, the connector file, and every service's default.
+    let mut names = std::collections::BTreeSet::new();
+    for (_, service) in services.as_mapping().unwrap() {
+        for (var, value) in environment(service) {
+            if var == "DATABASE_URL" || var == "POSTGRES_DB" || var == "CHATPIPE_PG_DB" {
+                names.insert(value.rsplit('/').next().unwrap().to_owned());
+            }
+        }
+    }
+    for config in ["config/ingest-api.toml", "config/pipeline.toml"] {
+        let text = std::fs::read_to_string(repo_root().join(config)).unwrap();
+        let url = text
+            .lines()
+            .find(|l| l.starts_with("url = \"postgres://"))
+            .unwrap_or_else(|| panic!("{config} has a database url"));
+        names.insert(
+            url.trim_end_matches('"')
+                .rsplit('/')
+                .next()
+                .unwrap()
+                .to_owned(),
+        );
+    }
+    assert_eq!(names.into_iter().collect::<Vec<_>>(), ["chatpipe"]);
+
+    let ignore = std::fs::read_to_string(repo_root().join(".dockerignore"))
+        .expect("a .dockerignore keeps target/ and .stack/ out of the build context");
+    for path in ["target", ".stack", ".git"] {
+        assert!(
+            ignore.lines().any(|l| l.trim() == path),
+            ".dockerignore lacks {path}"
+        );
+    }
+}
