@@ -434,7 +434,12 @@ function onMessageNew(frame) {
   }
   if (!mine && frame.senderId) stopTyping(id, frame.senderId);
   if (!mine) ack(id, frame.seq);
-  if (id === state.openId) markReadIfVisible();
+  if (id === state.openId) {
+    markReadIfVisible();
+    // A send moves its sender's read watermark with it, and no read.updated comes for
+    // that: someone else's message means they read ours before it.
+    if (!mine) refreshReceiptsSoon();
+  }
 }
 
 function onMessageChanged(frame) {
@@ -825,7 +830,7 @@ function inboxRow(conv) {
     el(
       'a',
       { href: `#/c/${conv.conversationId}` },
-      el('span', { class: `avatar ${conv.type === 'GROUP' ? 'group' : ''}` }, title.replace(/^User /, '').slice(0, 3)),
+      el('span', { class: `avatar ${conv.type === 'GROUP' ? 'group' : ''}`, 'aria-hidden': 'true' }, avatarText(conv, title)),
       el(
         'span',
         { class: 'row-main' },
@@ -834,6 +839,12 @@ function inboxRow(conv) {
       ),
     ),
   );
+}
+
+/** A group's initial, or the last two digits of a person's id. */
+function avatarText(conv, title) {
+  if (conv.type === 'GROUP') return title.trim().charAt(0).toUpperCase() || 'G';
+  return String(conv.peerId ?? '').slice(-2);
 }
 
 function renderConversation() {

@@ -2,6 +2,7 @@
 //! fanout (members + presence) -> chat.deliveries -> gateway -> a real WebSocket client.
 
 mod bad_records;
+mod browser;
 mod fanout;
 mod gateway_restart;
 mod late_start;

@@ -475,3 +475,100 @@ async fn an_edit_and_a_delete_reach_chat_events_after_their_message() {
     }
     p.cleanup().await;
 }
+
+/// docs/examples/jvm: a JVM consumer reading with a reader schema compiled into it, the
+/// oldest published one (schemas/history/chat_event/v1.avsc, from before edits and
+/// deletes). It reads every event type it knows, written with today's schema, and skips
+/// message.edited and message.deleted, one line each, without stopping (docs/topics.md,
+/// "Changing a schema").
+#[tokio::test]
+async fn a_jvm_consumer_with_the_oldest_compiled_schema_reads_what_it_knows_and_skips_new_types() {
+    let jar = std::env::var("CHATPIPE_JVM_EXAMPLE_JAR").unwrap_or_else(|_| {
+        panic!("CHATPIPE_JVM_EXAMPLE_JAR is not set: run the suite with scripts/test, which builds docs/examples/jvm with Maven")
+    });
+    let p = spawn_pipeline().await;
+    let conv = p.app.user(10).create_group(&[20]).await;
+    p.app.user(10).send_message(conv, "hallo jvm").await;
+    let second = p.app.user(10).send_message(conv, "second").await;
+    let message = format!("/conversations/{conv}/messages");
+    p.app
+        .user(10)
+        .patch(
+            &format!("{message}/1"),
+            serde_json::json!({"body": "hallo, jvm"}),
+        )
+        .await
+        .expect(200);
+    let deleted = p.app.user(10).delete(&format!("{message}/{second}")).await;
+    assert_eq!(deleted.status, 204);
+    p.consume_until(Duration::from_secs(30), |rs| {
+        rs.iter()
+            .any(|r| matches!(r.event, ChatEvent::MessageDeleted(_)))
+    })
+    .await;
+
+    let v1 = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../schemas/history/chat_event/v1.avsc"
+    );
+    let run = tokio::process::Command::new("java")
+        .args([
+            "-jar",
+            &jar,
+            "--topic",
+            &p.topic,
+            "--from-beginning",
+            "--max",
+            "7",
+            "--idle-timeout",
+            "30",
+            "--reader-schema",
+            v1,
+        ])
+        .env("KAFKA_BROKERS", chatpipe_tests::stream::brokers())
+        .env("SCHEMA_REGISTRY_URL", chatpipe_tests::registry_url())
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .expect("the JVM consumer finished within 120 s")
+        .expect("java runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    let read: Vec<&str> = lines
+        .iter()
+        .filter_map(|l| l["event"]["type"].as_str())
+        .collect();
+    assert_eq!(
+        read,
+        [
+            "conversation.created",
+            "member.joined",
+            "member.joined",
+            "message.new",
+            "message.new"
+        ]
+    );
+    let first = lines
+        .iter()
+        .find(|l| l["event"]["type"] == "message.new")
+        .unwrap();
+    assert_eq!(first["event"]["payload"]["body"], "hallo jvm");
+    assert_eq!(first["key"], conv.to_string());
+    let skipped: Vec<&str> = lines
+        .iter()
+        .filter_map(|l| l["skipped"]["reason"].as_str())
+        .collect();
+    assert_eq!(skipped.len(), 2, "{lines:#?}");
+    assert!(skipped[0].contains("MessageEdited"), "{skipped:?}");
+    assert!(skipped[1].contains("MessageDeleted"), "{skipped:?}");
+    p.cleanup().await;
+}

@@ -77,6 +77,14 @@ pub async fn spawn_pipeline() -> Pipeline {
 /// The same, with `reads.mode` chosen: `Stream` sends receipts to `<ns>.chat.read-receipts`
 /// for a receipts processor ([`Pipeline::start_receipts`]).
 pub async fn spawn_pipeline_with(reads: ReadMode) -> Pipeline {
+    spawn_pipeline_adjusted(reads, |_| {}).await
+}
+
+/// The same, with the app's settings adjusted further by `adjust` (demo mode, say).
+pub async fn spawn_pipeline_adjusted(
+    reads: ReadMode,
+    adjust: impl FnOnce(&mut ingest_api::configuration::Settings),
+) -> Pipeline {
     static COUNTER: AtomicU32 = AtomicU32::new(0);
     crate::watchdog::arm();
     remove_stale_namespaces().await;
@@ -97,6 +105,7 @@ pub async fn spawn_pipeline_with(reads: ReadMode) -> Pipeline {
         s.reads.mode = reads;
         s.kafka.receipts_topic = receipts_topic.clone();
         s.kafka.acks_topic = acks_topic.clone();
+        adjust(s);
     })
     .await;
     create_topic(&topic, 6).await;
