@@ -55,9 +55,13 @@ pub fn metrics_handle() -> PrometheusHandle {
         .clone()
 }
 
-/// The git revision the binary was built from (`CHATPIPE_REVISION` at build time, or
-/// `git rev-parse`; "unknown" where neither is there, as in a build without `.git`).
-pub const REVISION: &str = env!("CHATPIPE_REVISION");
+/// The git revision the binary was built from: `CHATPIPE_REVISION` at build time
+/// (`scripts/demo` and the Dockerfile set it), else "unknown" (debug builds: a revision
+/// baked in would rebuild every crate after each commit).
+pub const REVISION: &str = match option_env!("CHATPIPE_REVISION") {
+    Some(revision) => revision,
+    None => "unknown",
+};
 
 /// Sets `chatpipe_build_info{service, version, revision}` to 1: which build answers.
 pub fn build_info(service: &str) {

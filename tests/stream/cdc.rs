@@ -253,26 +253,8 @@ async fn a_standard_confluent_deserializer_in_python_reads_chat_events() {
         panic!("CHATPIPE_PYTHON is not set: run the suite with scripts/test, which installs confluent-kafka")
     });
     let p = spawn_pipeline().await;
-    let conv = p.app.user(10).create_group(&[20]).await;
-    p.app.user(10).send_message(conv, "hallo python").await;
-    let secret = p.app.user(10).send_message(conv, "my pin is 1234").await;
-    let message = format!("/conversations/{conv}/messages");
-    p.app
-        .user(10)
-        .patch(
-            &format!("{message}/1"),
-            serde_json::json!({"body": "hallo, python"}),
-        )
-        .await
-        .expect(200);
-    let deleted = p.app.user(10).delete(&format!("{message}/{secret}")).await;
-    assert_eq!(deleted.status, 204);
-    // Wait until the delete is on the topic, then let Python read it from the start.
-    p.consume_until(Duration::from_secs(30), |rs| {
-        rs.iter()
-            .any(|r| matches!(r.event, ChatEvent::MessageDeleted(_)))
-    })
-    .await;
+    let (conv, secret) =
+        a_group_with_an_edit_and_a_delete(&p, "hallo python", "my pin is 1234").await;
 
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -487,25 +469,7 @@ async fn a_jvm_consumer_with_the_oldest_compiled_schema_reads_what_it_knows_and_
         panic!("CHATPIPE_JVM_EXAMPLE_JAR is not set: run the suite with scripts/test, which builds docs/examples/jvm with Maven")
     });
     let p = spawn_pipeline().await;
-    let conv = p.app.user(10).create_group(&[20]).await;
-    p.app.user(10).send_message(conv, "hallo jvm").await;
-    let second = p.app.user(10).send_message(conv, "second").await;
-    let message = format!("/conversations/{conv}/messages");
-    p.app
-        .user(10)
-        .patch(
-            &format!("{message}/1"),
-            serde_json::json!({"body": "hallo, jvm"}),
-        )
-        .await
-        .expect(200);
-    let deleted = p.app.user(10).delete(&format!("{message}/{second}")).await;
-    assert_eq!(deleted.status, 204);
-    p.consume_until(Duration::from_secs(30), |rs| {
-        rs.iter()
-            .any(|r| matches!(r.event, ChatEvent::MessageDeleted(_)))
-    })
-    .await;
+    let (conv, _) = a_group_with_an_edit_and_a_delete(&p, "hallo jvm", "second").await;
 
     let v1 = concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -571,4 +535,37 @@ async fn a_jvm_consumer_with_the_oldest_compiled_schema_reads_what_it_knows_and_
     assert!(skipped[0].contains("MessageEdited"), "{skipped:?}");
     assert!(skipped[1].contains("MessageDeleted"), "{skipped:?}");
     p.cleanup().await;
+}
+
+/// A group of users 10 and 20 where 10 sends `first` and `second`, edits the first to
+/// `first` with a comma after its first word, and deletes the second; returns once the
+/// delete is on the topic, with the conversation and the deleted seq. Seven events:
+/// created, two joins, two messages, the edit, the delete.
+async fn a_group_with_an_edit_and_a_delete(
+    p: &chatpipe_tests::stream::Pipeline,
+    first: &str,
+    second: &str,
+) -> (i64, i64) {
+    let conv = p.app.user(10).create_group(&[20]).await;
+    p.app.user(10).send_message(conv, first).await;
+    let deleted_seq = p.app.user(10).send_message(conv, second).await;
+    let message = format!("/conversations/{conv}/messages");
+    let edited = first.replacen(' ', ", ", 1);
+    p.app
+        .user(10)
+        .patch(&format!("{message}/1"), serde_json::json!({"body": edited}))
+        .await
+        .expect(200);
+    let deleted = p
+        .app
+        .user(10)
+        .delete(&format!("{message}/{deleted_seq}"))
+        .await;
+    assert_eq!(deleted.status, 204);
+    p.consume_until(Duration::from_secs(30), |rs| {
+        rs.iter()
+            .any(|r| matches!(r.event, ChatEvent::MessageDeleted(_)))
+    })
+    .await;
+    (conv, deleted_seq)
 }

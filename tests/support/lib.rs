@@ -13,6 +13,7 @@ pub mod drill;
 pub mod pgbench;
 pub mod pgstats;
 pub mod push;
+pub mod stack;
 pub mod stream;
 pub mod watchdog;
 
@@ -54,11 +55,11 @@ pub fn metric_sum(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
 }
 
 pub fn server_url() -> String {
-    std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned())
+    stack::endpoints().database_url.clone()
 }
 
 pub fn registry_url() -> String {
-    std::env::var("SCHEMA_REGISTRY_URL").unwrap_or_else(|_| DEFAULT_REGISTRY_URL.to_owned())
+    stack::endpoints().registry_url.clone()
 }
 
 /// `url` with its database name replaced.

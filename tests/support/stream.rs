@@ -32,11 +32,11 @@ const CONNECTOR_JSON: &str = include_str!("../../config/stack/chatpipe-outbox-co
 const NS_PREFIX: &str = "cpt";
 
 pub fn connect_url() -> String {
-    std::env::var("KAFKA_CONNECT_URL").unwrap_or_else(|_| "http://127.0.0.1:8083".into())
+    crate::stack::endpoints().connect_url.clone()
 }
 
 pub fn brokers() -> String {
-    std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into())
+    crate::stack::endpoints().brokers.clone()
 }
 
 /// One record of the test's topic, decoded.

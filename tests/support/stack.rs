@@ -1,0 +1,268 @@
+//! Where the tests find the stack (PostgreSQL, Kafka, the schema registry, Kafka
+//! Connect with Debezium). Two providers answer the same question:
+//!
+//! - [`Native`]: the stack `scripts/stack up` runs natively on this machine, found
+//!   through the variables `scripts/stack env` prints (`scripts/test` sets them). What
+//!   CI runs.
+//! - `Containers` (cargo feature `containers`): the same images as docker-compose.yml,
+//!   started through testcontainers on a laptop with Docker. Reused across test binaries
+//!   and runs (`docker rm -f` the `chatpipe-test-*` containers to start afresh).
+//!
+//! `CHATPIPE_STACK=native|containers|auto` picks one; `auto` (the default) takes the
+//! containers only when none of the stack's variables is set, the feature is compiled
+//! in and a Docker engine answers. The fault tests (`stack_faults`, `drill`) stop and
+//! start parts with `scripts/stack` itself: they run on the native stack only.
+
+use std::sync::OnceLock;
+
+/// The stack's services, as the tests reach them.
+#[derive(Debug, Clone)]
+pub struct Endpoints {
+    /// A PostgreSQL server URL; tests create databases of their own on it.
+    pub database_url: String,
+    pub brokers: String,
+    /// The registry's Confluent-compatible API.
+    pub registry_url: String,
+    /// Kafka Connect's REST API.
+    pub connect_url: String,
+}
+
+/// A way to have a stack to test against.
+pub trait Provider {
+    fn name(&self) -> &'static str;
+    /// The stack's endpoints, starting it if this provider starts stacks.
+    fn endpoints(&self) -> anyhow::Result<Endpoints>;
+}
+
+/// The native stack of `scripts/stack`, through its environment variables.
+pub struct Native;
+
+impl Provider for Native {
+    fn name(&self) -> &'static str {
+        "native (scripts/stack)"
+    }
+
+    fn endpoints(&self) -> anyhow::Result<Endpoints> {
+        let var =
+            |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.into());
+        Ok(Endpoints {
+            database_url: var("DATABASE_URL", crate::DEFAULT_DATABASE_URL),
+            brokers: var("KAFKA_BROKERS", "127.0.0.1:9092"),
+            registry_url: var("SCHEMA_REGISTRY_URL", crate::DEFAULT_REGISTRY_URL),
+            connect_url: var("KAFKA_CONNECT_URL", "http://127.0.0.1:8083"),
+        })
+    }
+}
+
+/// The stack of this test process, from the provider `CHATPIPE_STACK` picks.
+pub fn endpoints() -> &'static Endpoints {
+    static ENDPOINTS: OnceLock<Endpoints> = OnceLock::new();
+    ENDPOINTS.get_or_init(|| {
+        let provider = provider();
+        provider
+            .endpoints()
+            .unwrap_or_else(|e| panic!("the {} stack: {e:#}", provider.name()))
+    })
+}
+
+fn provider() -> Box<dyn Provider> {
+    let choice = std::env::var("CHATPIPE_STACK").unwrap_or_else(|_| "auto".into());
+    match choice.as_str() {
+        "native" => Box::new(Native),
+        "containers" => containers(),
+        "auto" => {
+            let configured = ["DATABASE_URL", "KAFKA_BROKERS", "SCHEMA_REGISTRY_URL"]
+                .iter()
+                .any(|v| std::env::var_os(v).is_some());
+            if !configured && cfg!(feature = "containers") && docker_answers() {
+                containers()
+            } else {
+                Box::new(Native)
+            }
+        }
+        other => panic!("CHATPIPE_STACK={other}: native, containers or auto"),
+    }
+}
+
+#[cfg(feature = "containers")]
+fn containers() -> Box<dyn Provider> {
+    Box::new(containers::Containers)
+}
+
+#[cfg(not(feature = "containers"))]
+fn containers() -> Box<dyn Provider> {
+    panic!(
+        "CHATPIPE_STACK=containers needs the container provider: \
+         cargo test -p chatpipe-tests --features containers"
+    )
+}
+
+/// A Docker engine answers on `DOCKER_HOST` or the default socket.
+fn docker_answers() -> bool {
+    match std::env::var("DOCKER_HOST") {
+        Ok(host) => host
+            .strip_prefix("unix://")
+            .map(|path| std::os::unix::net::UnixStream::connect(path).is_ok())
+            .unwrap_or(true),
+        Err(_) => std::os::unix::net::UnixStream::connect("/var/run/docker.sock").is_ok(),
+    }
+}
+
+#[cfg(feature = "containers")]
+mod containers {
+    //! The stack as containers: the images and versions of docker-compose.yml, on a
+    //! network of their own, with fixed host ports (Kafka advertises its host port, so it
+    //! must be known before it starts): PostgreSQL 15432, Kafka 19092, the registry
+    //! 18081, Connect 18083.
+
+    use std::time::Duration;
+
+    use testcontainers::core::{ContainerPort, IntoContainerPort, WaitFor};
+    use testcontainers::runners::AsyncRunner;
+    use testcontainers::{GenericImage, ImageExt, ReuseDirective};
+    use testcontainers_modules::postgres::Postgres;
+
+    use super::{Endpoints, Provider};
+
+    const NETWORK: &str = "chatpipe-test";
+    const PG_PORT: u16 = 15432;
+    const KAFKA_PORT: u16 = 19092;
+    const REGISTRY_PORT: u16 = 18081;
+    const CONNECT_PORT: u16 = 18083;
+
+    pub struct Containers;
+
+    impl Provider for Containers {
+        fn name(&self) -> &'static str {
+            "containers (testcontainers)"
+        }
+
+        fn endpoints(&self) -> anyhow::Result<Endpoints> {
+            // Started on a runtime of their own: tests run on many runtimes, and the
+            // containers outlive each of them (they are reused, never stopped here).
+            std::thread::spawn(|| {
+                tokio::runtime::Builder::new_multi_thread()
+                    .enable_all()
+                    .build()?
+                    .block_on(start())
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("starting the containers panicked"))?
+        }
+    }
+
+    async fn start() -> anyhow::Result<Endpoints> {
+        let postgres = Postgres::default()
+            .with_cmd([
+                "postgres",
+                "-c",
+                "wal_level=logical",
+                "-c",
+                "max_wal_senders=20",
+                "-c",
+                "max_replication_slots=20",
+                "-c",
+                "max_connections=300",
+                "-c",
+                "shared_preload_libraries=pg_stat_statements",
+            ])
+            .with_network(NETWORK)
+            .with_container_name("chatpipe-test-postgres")
+            .with_mapped_port(PG_PORT, 5432.tcp())
+            .with_reuse(ReuseDirective::Always)
+            .start()
+            .await?;
+
+        let kafka = GenericImage::new("apache/kafka", "4.3.1")
+            .with_wait_for(WaitFor::message_on_stdout("Kafka Server started"))
+            .with_exposed_port(ContainerPort::Tcp(KAFKA_PORT))
+            .with_env_var("KAFKA_NODE_ID", "1")
+            .with_env_var("KAFKA_PROCESS_ROLES", "broker,controller")
+            .with_env_var("KAFKA_CONTROLLER_QUORUM_VOTERS", "1@localhost:9093")
+            .with_env_var(
+                "KAFKA_LISTENERS",
+                format!("INTERNAL://:29092,EXTERNAL://:{KAFKA_PORT},CONTROLLER://:9093"),
+            )
+            .with_env_var(
+                "KAFKA_ADVERTISED_LISTENERS",
+                format!("INTERNAL://chatpipe-test-kafka:29092,EXTERNAL://127.0.0.1:{KAFKA_PORT}"),
+            )
+            .with_env_var("KAFKA_INTER_BROKER_LISTENER_NAME", "INTERNAL")
+            .with_env_var("KAFKA_CONTROLLER_LISTENER_NAMES", "CONTROLLER")
+            .with_env_var(
+                "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP",
+                "INTERNAL:PLAINTEXT,EXTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            )
+            .with_env_var("KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR", "1")
+            .with_env_var("KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR", "1")
+            .with_env_var("KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", "1")
+            .with_env_var(
+                "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_REPLICATION_FACTOR",
+                "1",
+            )
+            .with_env_var("KAFKA_SHARE_COORDINATOR_STATE_TOPIC_MIN_ISR", "1")
+            .with_env_var("KAFKA_AUTO_CREATE_TOPICS_ENABLE", "false")
+            .with_network(NETWORK)
+            .with_container_name("chatpipe-test-kafka")
+            .with_mapped_port(KAFKA_PORT, KAFKA_PORT.tcp())
+            .with_reuse(ReuseDirective::Always)
+            .with_startup_timeout(Duration::from_secs(120))
+            .start()
+            .await?;
+
+        let registry = GenericImage::new("apicurio/apicurio-registry", "3.3.3")
+            .with_wait_for(WaitFor::message_on_stdout("Installed features"))
+            .with_exposed_port(ContainerPort::Tcp(8081))
+            .with_env_var("QUARKUS_HTTP_PORT", "8081")
+            .with_env_var("APICURIO_REST_DELETION_ARTIFACT_ENABLED", "true")
+            .with_env_var("APICURIO_REST_DELETION_ARTIFACT_VERSION_ENABLED", "true")
+            .with_env_var("APICURIO_REST_DELETION_GROUP_ENABLED", "true")
+            .with_network(NETWORK)
+            .with_container_name("chatpipe-test-registry")
+            .with_mapped_port(REGISTRY_PORT, 8081.tcp())
+            .with_reuse(ReuseDirective::Always)
+            .with_startup_timeout(Duration::from_secs(120))
+            .start()
+            .await?;
+
+        let connect = GenericImage::new("quay.io/debezium/connect", "3.6.1.Final")
+            .with_wait_for(WaitFor::message_on_stdout(
+                "Finished starting connectors and tasks",
+            ))
+            .with_exposed_port(ContainerPort::Tcp(8083))
+            .with_env_var("BOOTSTRAP_SERVERS", "chatpipe-test-kafka:29092")
+            .with_env_var("GROUP_ID", "chatpipe-test-connect")
+            .with_env_var("CONFIG_STORAGE_TOPIC", "_connect-configs")
+            .with_env_var("OFFSET_STORAGE_TOPIC", "_connect-offsets")
+            .with_env_var("STATUS_STORAGE_TOPIC", "_connect-status")
+            .with_env_var("OFFSET_FLUSH_INTERVAL_MS", "1000")
+            .with_env_var("CONNECT_CONFIG_PROVIDERS", "env")
+            .with_env_var(
+                "CONNECT_CONFIG_PROVIDERS_ENV_CLASS",
+                "org.apache.kafka.common.config.provider.EnvVarConfigProvider",
+            )
+            .with_env_var("CONNECT_SCHEDULED_REBALANCE_MAX_DELAY_MS", "5000")
+            // The connector file reads these (config/stack/chatpipe-outbox-connector.json).
+            .with_env_var("CHATPIPE_PG_HOST", "chatpipe-test-postgres")
+            .with_env_var("CHATPIPE_PG_PORT", "5432")
+            .with_env_var("CHATPIPE_PG_USER", "postgres")
+            .with_env_var("CHATPIPE_PG_PASSWORD", "postgres")
+            .with_env_var("CHATPIPE_PG_DB", "postgres")
+            .with_network(NETWORK)
+            .with_container_name("chatpipe-test-connect")
+            .with_mapped_port(CONNECT_PORT, 8083.tcp())
+            .with_reuse(ReuseDirective::Always)
+            .with_startup_timeout(Duration::from_secs(180))
+            .start()
+            .await?;
+
+        // Reused containers stay up after this process: nothing stops them on drop.
+        std::mem::forget((postgres, kafka, registry, connect));
+        Ok(Endpoints {
+            database_url: format!("postgres://postgres:postgres@127.0.0.1:{PG_PORT}/postgres"),
+            brokers: format!("127.0.0.1:{KAFKA_PORT}"),
+            registry_url: format!("http://127.0.0.1:{REGISTRY_PORT}/apis/ccompat/v7"),
+            connect_url: format!("http://127.0.0.1:{CONNECT_PORT}"),
+        })
+    }
+}
