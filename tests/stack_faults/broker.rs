@@ -79,6 +79,23 @@ async fn broker_serves(topic: &str, deadline: Duration) -> Duration {
     }
 }
 
+/// The body of `admin`'s `/readyz` when it is not 200 (or why it did not answer).
+async fn not_ready(admin: &str) -> Option<String> {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    match http.get(format!("{admin}/readyz")).send().await {
+        Ok(r) if r.status() == 200 => None,
+        Ok(r) => Some(format!(
+            "{} {}",
+            r.status(),
+            r.text().await.unwrap_or_default()
+        )),
+        Err(e) => Some(e.to_string()),
+    }
+}
+
 fn is_message(conversation: i64, seq: i64) -> impl Fn(&Value) -> bool {
     move |f| f["type"] == "message.new" && f["conversationId"] == conversation && f["seq"] == seq
 }
@@ -136,9 +153,28 @@ async fn broker_fault(fault: Fault) {
             let stalled = Stalled::broker();
             eprintln!("broker stalled (SIGSTOP) for {stall:?}");
             let during = send_during().await;
-            // The fault itself lasts this long; nothing to poll for.
-            tokio::time::sleep(stall).await;
+            // The readers wait the broker out, and once it has been silent for
+            // readers.stall_after_ms (30 s) they say so: /readyz turns 503 naming it.
+            let stalled_at = Instant::now();
+            let mut said = None;
+            while stalled_at.elapsed() < stall {
+                if said.is_none() {
+                    if let Some(body) = not_ready(&gw.admin).await {
+                        if body.contains("the broker has not answered") {
+                            said = Some(stalled_at.elapsed());
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
             drop(stalled);
+            let said = said.unwrap_or_else(|| {
+                panic!("the gateway's /readyz never said the broker was silent during a {stall:?} stall")
+            });
+            eprintln!(
+                "gateway /readyz 503 (broker silent) {:.1} s into the stall",
+                said.as_secs_f64()
+            );
             during
         }
         Fault::Restart => {
@@ -256,6 +292,15 @@ async fn broker_fault(fault: Fault) {
         receipts.is_running() && fanout.is_running(),
         "nothing was restarted"
     );
+    // Ready again once the broker answers.
+    let until = Instant::now() + recovery;
+    while let Some(body) = not_ready(&gw.admin).await {
+        assert!(
+            Instant::now() < until,
+            "the gateway's /readyz still 503 after the broker came back: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     gw.stop().await.unwrap();
     p.cleanup().await;
 }

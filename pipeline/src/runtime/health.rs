@@ -49,6 +49,7 @@ impl Readiness {
             lag: AtomicI64::new(0),
             partitions: Mutex::default(),
             holding: Mutex::new(None),
+            unanswered_since: AtomicU64::new(0),
             finished: AtomicBool::new(false),
         });
         self.readers
@@ -90,6 +91,9 @@ pub struct ReaderHealth {
     partitions: Mutex<BTreeSet<i32>>,
     /// Since when, and why, the reader holds a record it cannot process yet.
     holding: Mutex<Option<(u64, String)>>,
+    /// Since when (ms since `epoch`, plus 1) the broker has not answered the reader's
+    /// questions about its partitions; 0 while it answers.
+    unanswered_since: AtomicU64,
     finished: AtomicBool,
 }
 
@@ -141,6 +145,20 @@ impl ReaderHealth {
         *holding = Some((since, reason));
     }
 
+    /// The broker did not answer the reader's question about its partitions (an
+    /// outage: the reader waits it out, but past `stall_after_ms` it is stalled).
+    pub fn broker_silent(&self) {
+        let now = self.now_ms() + 1;
+        let _ =
+            self.unanswered_since
+                .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    /// The broker answered (or a record arrived).
+    pub fn broker_answered(&self) {
+        self.unanswered_since.store(0, Ordering::Relaxed);
+    }
+
     pub fn release(&self) {
         *self.holding.lock().expect("holding lock") = None;
         self.progressed();
@@ -158,8 +176,16 @@ impl ReaderHealth {
         let lag = self.lag.load(Ordering::Relaxed);
         let holding = self.holding.lock().expect("holding lock").clone();
         let limit = self.stall_after_ms;
+        let silent_for = match self.unanswered_since.load(Ordering::Relaxed) {
+            0 => 0,
+            since => now.saturating_sub(since - 1),
+        };
         let reason = if since_poll > limit {
             Some(format!("has not polled for {since_poll} ms"))
+        } else if silent_for > limit {
+            Some(format!(
+                "the broker has not answered for {silent_for} ms (waiting it out)"
+            ))
         } else if let Some((since, why)) = holding.filter(|(t, _)| now.saturating_sub(*t) > limit) {
             Some(format!(
                 "has been retrying for {} ms: {why}",
@@ -255,6 +281,27 @@ mod tests {
             .unwrap()
             .contains("registry unavailable"));
         r.release();
+        assert!(readiness.ready());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_broker_silent_past_the_limit_is_a_stall_though_the_reader_polls() {
+        let (readiness, r) = reader(20);
+        r.broker_silent();
+        advance(Duration::from_millis(15)).await;
+        r.polled();
+        r.broker_silent(); // still silent: the first silence counts
+        assert!(readiness.ready(), "not yet past the limit");
+        advance(Duration::from_millis(15)).await;
+        r.polled();
+        let report = &readiness.report()[0];
+        assert!(report.stalled);
+        assert!(report
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("the broker has not answered"));
+        r.broker_answered();
         assert!(readiness.ready());
     }
 

@@ -228,6 +228,27 @@ impl<P> Shared<P> {
     }
 }
 
+/// Records of a partition the reader has yet to process: from its position (what it
+/// handed to the processor, else what it committed, else where it fetches next) to the
+/// end (the last stable offset). Records below the log's start are gone (retention):
+/// they are not waiting, though a committed offset from before their deletion still
+/// points at them (seen on chat.ephemeral, whose records live one minute: the typing
+/// reader counted 16 deleted signals as waiting and called itself stalled for good).
+fn waiting(p: &rdkafka::statistics::Partition) -> Option<i64> {
+    if p.ls_offset < 0 {
+        return None;
+    }
+    let position = [p.app_offset, p.committed_offset, p.next_offset]
+        .into_iter()
+        .find(|o| *o >= 0)?;
+    let position = if p.lo_offset >= 0 {
+        position.max(p.lo_offset)
+    } else {
+        position
+    };
+    Some((p.ls_offset - position).max(0))
+}
+
 pub struct ReaderContext<P> {
     shared: Arc<Shared<P>>,
 }
@@ -249,14 +270,7 @@ impl<P: Processor> ClientContext for ReaderContext<P> {
             if p.leader < 0 || p.unknown {
                 leaderless.push(*partition);
             }
-            if p.ls_offset < 0 {
-                continue;
-            }
-            let position = [p.app_offset, p.committed_offset, p.next_offset]
-                .into_iter()
-                .find(|o| *o >= 0);
-            let Some(position) = position else { continue };
-            let lag = (p.ls_offset - position).max(0);
+            let Some(lag) = waiting(p) else { continue };
             metrics::gauge!(format!("{}_consumer_lag", spec.metric), "partition" => partition.to_string())
                 .set(lag as f64);
             total += lag;
@@ -467,6 +481,7 @@ impl FetchWatch {
     /// A record arrived: the partitions are being fetched.
     fn fetched(&mut self, health: &ReaderHealth, reader: &str) {
         self.last_record = Instant::now();
+        health.broker_answered();
         if self.stuck > 0 {
             self.stuck = 0;
             health.release();
@@ -768,8 +783,13 @@ impl<P: Processor> Reader<P> {
             }
         }
         if asked > 0 && answered == 0 && lost.is_empty() {
-            // The broker does not answer: an outage, which the reader waits out.
+            // The broker does not answer: an outage, which the reader waits out, and
+            // says so on /readyz once it lasts `stall_after_ms`.
+            self.core.shared.health.broker_silent();
             return;
+        }
+        if answered > 0 {
+            self.core.shared.health.broker_answered();
         }
         if !lost.is_empty() {
             self.core
@@ -1033,6 +1053,37 @@ impl<P: Processor> Reader<P> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn partition(
+        lo: i64,
+        ls: i64,
+        app: i64,
+        committed: i64,
+        next: i64,
+    ) -> rdkafka::statistics::Partition {
+        rdkafka::statistics::Partition {
+            lo_offset: lo,
+            ls_offset: ls,
+            app_offset: app,
+            committed_offset: committed,
+            next_offset: next,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn records_waiting_count_from_the_position_and_never_below_the_log_start() {
+        const UNSET: i64 = -1001;
+        // Processed up to 10 of 15.
+        assert_eq!(waiting(&partition(0, 15, 10, 8, 15)), Some(5));
+        // Nothing processed since the start: from the committed offset.
+        assert_eq!(waiting(&partition(0, 15, UNSET, 12, 12)), Some(3));
+        // Committed before retention deleted the records up to 16: none waits.
+        assert_eq!(waiting(&partition(16, 16, UNSET, 0, 16)), Some(0));
+        assert_eq!(waiting(&partition(16, 17, UNSET, 0, 16)), Some(1));
+        // No end known yet.
+        assert_eq!(waiting(&partition(UNSET, UNSET, UNSET, 0, 0)), None);
+    }
 
     #[test]
     fn leaders_are_asked_for_after_a_second_then_at_doubling_intervals_up_to_the_cap() {
