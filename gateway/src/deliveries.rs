@@ -24,14 +24,21 @@ pub fn frame(d: &Delivery) -> Option<serde_json::Value> {
         MESSAGE_NEW | MESSAGE_EDITED | MESSAGE_DELETED if d.light => {
             json!({"type": kind, "conversationId": d.conversation_id, "seq": d.seq, "light": true})
         }
-        MESSAGE_NEW => json!({
-            "type": kind,
-            "conversationId": d.conversation_id,
-            "seq": d.seq,
-            "senderId": d.sender_id,
-            "body": d.body,
-            "createdAt": occurred_at,
-        }),
+        MESSAGE_NEW => {
+            let mut frame = json!({
+                "type": kind,
+                "conversationId": d.conversation_id,
+                "seq": d.seq,
+                "senderId": d.sender_id,
+                "body": d.body,
+                "createdAt": occurred_at,
+            });
+            // From fanouts that write it (delivery.avsc v5).
+            if let Some(id) = d.client_msg_id {
+                frame["clientMsgId"] = json!(id);
+            }
+            frame
+        }
         MESSAGE_EDITED => json!({
             "type": kind,
             "conversationId": d.conversation_id,

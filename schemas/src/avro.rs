@@ -412,6 +412,28 @@ impl Fields {
         }
     }
 
+    /// An optional uuid: absent (an older writer) or null reads as None.
+    pub(crate) fn opt_uuid(&mut self, name: &str) -> Result<Option<uuid::Uuid>, CodecError> {
+        if !self.0.iter().any(|(k, _)| k == name) {
+            return Ok(None);
+        }
+        let value = match self.take(name)? {
+            Value::Union(_, v) => *v,
+            v => v,
+        };
+        match value {
+            Value::Null => Ok(None),
+            Value::Uuid(v) => Ok(Some(v)),
+            Value::String(s) => s
+                .parse()
+                .map(Some)
+                .map_err(|e| CodecError::Shape(format!("{name}: {e}"))),
+            other => Err(CodecError::Shape(format!(
+                "{name} is {other:?}, not a uuid"
+            ))),
+        }
+    }
+
     pub(crate) fn uuid(&mut self, name: &str) -> Result<uuid::Uuid, CodecError> {
         match self.take(name)? {
             Value::Uuid(v) => Ok(v),

@@ -31,6 +31,8 @@ pub struct Delivery {
     pub last_delivered_seq: Option<Watermark>,
     /// Microseconds since the epoch: when the event was committed.
     pub occurred_at: i64,
+    /// message.new: the sender's clientMsgId.
+    pub client_msg_id: Option<uuid::Uuid>,
 }
 
 #[derive(Debug, Clone)]
@@ -58,6 +60,13 @@ impl DeliveryCodec {
             ("lastReadSeq", opt_long(d.last_read_seq)),
             ("lastDeliveredSeq", opt_long(d.last_delivered_seq)),
             ("occurredAt", Value::TimestampMicros(d.occurred_at)),
+            (
+                "clientMsgId",
+                match d.client_msg_id {
+                    Some(id) => Value::Union(1, Box::new(Value::Uuid(id))),
+                    None => Value::Union(0, Box::new(Value::Null)),
+                },
+            ),
         ]))
     }
 }
@@ -84,6 +93,8 @@ impl Delivery {
                 None
             },
             occurred_at: f.timestamp("occurredAt")?.timestamp_micros(),
+            // Absent in lists written before it (delivery.avsc v5).
+            client_msg_id: f.opt_uuid("clientMsgId")?,
         })
     }
 }
@@ -108,11 +119,13 @@ mod tests {
             last_read_seq: None,
             last_delivered_seq: None,
             occurred_at: 1_764_480_000_000_001,
+            client_msg_id: Some(uuid::Uuid::from_u128(7)),
         };
         let light = Delivery {
             light: true,
             sender_id: None,
             body: None,
+            client_msg_id: None,
             ..full.clone()
         };
         for d in [full, light] {

@@ -38,16 +38,25 @@ async fn a_message_reaches_the_other_member_and_a_read_reaches_the_senders_devic
     let mut bob_ws = p.connect(&gw.url, bob).await;
     _fanout.wait_online(&[alice, bob], PRESENCE_DEADLINE).await;
 
+    let client_msg_id = uuid::Uuid::new_v4();
     let seq = p
         .app
         .user(alice)
-        .send_message(conversation, "hello bob")
-        .await;
+        .post(
+            &format!("/conversations/{conversation}/messages"),
+            serde_json::json!({"clientMsgId": client_msg_id, "body": "hello bob"}),
+        )
+        .await
+        .expect(201)["seq"]
+        .as_i64()
+        .unwrap();
     let (frame, _) = bob_ws
         .until(PUSH_DEADLINE, is_message(conversation, seq))
         .await;
     assert_eq!(frame["body"], "hello bob");
     assert_eq!(frame["senderId"], alice);
+    // The sending device matches the push to the copy it shows as pending.
+    assert_eq!(frame["clientMsgId"], client_msg_id.to_string());
     assert!(
         frame.get("light").is_none(),
         "a small group gets the body: {frame}"

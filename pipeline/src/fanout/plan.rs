@@ -86,6 +86,7 @@ pub fn template(kind: &str, conversation: ConversationId, occurred_at: i64) -> D
         last_read_seq: None,
         last_delivered_seq: None,
         occurred_at,
+        client_msg_id: None,
     }
 }
 
@@ -120,6 +121,7 @@ pub fn message_new(
         seq: Some(e.seq),
         sender_id: Some(e.sender_id),
         body: Some(e.body.clone()),
+        client_msg_id: Some(e.client_msg_id),
         ..template(
             MESSAGE_NEW,
             e.conversation_id,
