@@ -13,27 +13,14 @@ const PROMTOOL: &str = "install Debian's prometheus package for promtool (script
 #[test]
 fn the_alert_rules_pass_promtool_and_their_unit_tests() {
     let dir = repo_root().join("docs/prometheus");
-    let checked = run_tool(
-        "promtool",
-        &["check", "rules", "chatpipe.rules.yml"],
-        &dir,
-        PROMTOOL,
-    );
-    assert!(checked.contains("SUCCESS"), "{checked}");
-    let tested = run_tool(
-        "promtool",
-        &["test", "rules", "chatpipe.rules.test.yml"],
-        &dir,
-        PROMTOOL,
-    );
-    assert!(tested.contains("SUCCESS"), "{tested}");
-    let config = run_tool(
-        "promtool",
-        &["check", "config", "prometheus.yml"],
-        &dir,
-        PROMTOOL,
-    );
-    assert!(config.contains("SUCCESS"), "{config}");
+    for args in [
+        ["check", "rules", "chatpipe.rules.yml"],
+        ["test", "rules", "chatpipe.rules.test.yml"],
+        ["check", "config", "prometheus.yml"],
+    ] {
+        let out = run_tool("promtool", &args, &dir, PROMTOOL);
+        assert!(out.contains("SUCCESS"), "promtool {args:?}: {out}");
+    }
 }
 
 #[test]

@@ -219,14 +219,12 @@ async fn a_running_app_registered_the_schema_it_writes_with() {
 /// instead of exiting, and serves once it answers.
 #[tokio::test]
 async fn ingest_api_started_before_the_registry_waits_for_it() {
-    let real = url::Url::parse(&registry_url()).unwrap();
-    let target = format!("{}:{}", real.host_str().unwrap(), real.port().unwrap());
-    let (port, opens) = chatpipe_tests::late_port(&target, Duration::from_secs(3));
+    let (late_registry, opens) = chatpipe_tests::late_registry(Duration::from_secs(3));
     let mut settings = Settings::defaults_with_secret(JWT_SECRET);
     settings.http.addr = "127.0.0.1:0".parse().unwrap();
     settings.admin.addr = "127.0.0.1:0".parse().unwrap();
     settings.database.url = chatpipe_tests::fresh_database().await.into();
-    settings.registry.url = registry_url().replace(&target, &format!("127.0.0.1:{port}"));
+    settings.registry.url = late_registry;
     let app = ingest_api::startup::Application::build(settings)
         .await
         .expect("ingest-api starts once the registry answers");

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use chatpipe_tests::stream::{brokers, spawn_pipeline};
-use chatpipe_tests::{late_port, registry_url};
+use chatpipe_tests::{late_port, late_registry};
 
 use crate::{is_message, PUSH_DEADLINE};
 
@@ -15,13 +15,10 @@ async fn a_gateway_started_before_the_broker_and_the_registry_waits_and_then_pus
     // The broker's port opens only after the reader's first look for the end of its
     // partition has timed out (10 s), so the gateway must retry, not exit.
     let (broker_port, broker_opens) = late_port(&brokers(), Duration::from_secs(12));
-    let real = url::Url::parse(&registry_url()).unwrap();
-    let registry_target = format!("{}:{}", real.host_str().unwrap(), real.port().unwrap());
-    let (registry_port, _) = late_port(&registry_target, Duration::from_secs(3));
+    let (late_registry, _) = late_registry(Duration::from_secs(3));
     let mut settings = p.gateway_settings("late", 0);
     settings.kafka.brokers = format!("127.0.0.1:{broker_port}");
-    settings.registry.url =
-        registry_url().replace(&registry_target, &format!("127.0.0.1:{registry_port}"));
+    settings.registry.url = late_registry;
     let gw = p.start_gateway(settings).await;
 
     // Ready only once the broker answers.

@@ -260,8 +260,11 @@ async fn a_standard_confluent_deserializer_in_python_reads_chat_events() {
         env!("CARGO_MANIFEST_DIR"),
         "/../docs/examples/consume_chat_events.py"
     );
-    let run = tokio::process::Command::new(&python)
-        .args([
+    // The script stops after 7 records or 30 idle seconds.
+    let lines = run_example(
+        "the Python consumer",
+        &python,
+        &[
             script,
             "--topic",
             &p.topic,
@@ -271,26 +274,9 @@ async fn a_standard_confluent_deserializer_in_python_reads_chat_events() {
             "--idle-timeout",
             "30",
             "--print-messages",
-        ])
-        .env("KAFKA_BROKERS", chatpipe_tests::stream::brokers())
-        .env("SCHEMA_REGISTRY_URL", chatpipe_tests::registry_url())
-        .kill_on_drop(true)
-        .output();
-    // The script stops after 7 records or 30 idle seconds; past 120 s it is stuck.
-    let output = tokio::time::timeout(Duration::from_secs(120), run)
-        .await
-        .expect("the Python consumer finished within 120 s")
-        .expect("python runs");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let lines: Vec<serde_json::Value> = String::from_utf8(output.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("a JSON line"))
-        .collect();
+        ],
+    )
+    .await;
     let types: Vec<&str> = lines
         .iter()
         .filter_map(|l| l["event"]["type"].as_str())
@@ -475,8 +461,10 @@ async fn a_jvm_consumer_with_the_oldest_compiled_schema_reads_what_it_knows_and_
         env!("CARGO_MANIFEST_DIR"),
         "/../schemas/history/chat_event/v1.avsc"
     );
-    let run = tokio::process::Command::new("java")
-        .args([
+    let lines = run_example(
+        "the JVM consumer",
+        "java",
+        &[
             "-jar",
             &jar,
             "--topic",
@@ -488,25 +476,9 @@ async fn a_jvm_consumer_with_the_oldest_compiled_schema_reads_what_it_knows_and_
             "30",
             "--reader-schema",
             v1,
-        ])
-        .env("KAFKA_BROKERS", chatpipe_tests::stream::brokers())
-        .env("SCHEMA_REGISTRY_URL", chatpipe_tests::registry_url())
-        .kill_on_drop(true)
-        .output();
-    let output = tokio::time::timeout(Duration::from_secs(120), run)
-        .await
-        .expect("the JVM consumer finished within 120 s")
-        .expect("java runs");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let lines: Vec<serde_json::Value> = String::from_utf8(output.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("a JSON line"))
-        .collect();
+        ],
+    )
+    .await;
     let read: Vec<&str> = lines
         .iter()
         .filter_map(|l| l["event"]["type"].as_str())
@@ -568,4 +540,30 @@ async fn a_group_with_an_edit_and_a_delete(
     })
     .await;
     (conv, deleted_seq)
+}
+
+/// Runs a consumer example (`program args`) against the stack and returns the JSON
+/// lines it printed. It stops by itself (`--max`, `--idle-timeout`); past 120 s it is
+/// stuck, and the test fails with its stderr.
+async fn run_example(what: &str, program: &str, args: &[&str]) -> Vec<serde_json::Value> {
+    let run = tokio::process::Command::new(program)
+        .args(args)
+        .env("KAFKA_BROKERS", chatpipe_tests::stream::brokers())
+        .env("SCHEMA_REGISTRY_URL", chatpipe_tests::registry_url())
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .unwrap_or_else(|_| panic!("{what} finished within 120 s"))
+        .unwrap_or_else(|e| panic!("{what} runs ({program}): {e}"));
+    assert!(
+        output.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect()
 }

@@ -572,6 +572,17 @@ pub fn undescribed_metrics(text: &str) -> Vec<String> {
     gaps
 }
 
+/// The registry's URL through a [`late_port`]: a registry that comes up `after` from now.
+pub fn late_registry(after: Duration) -> (String, std::time::Instant) {
+    let real = url::Url::parse(&registry_url()).expect("the registry URL");
+    let target = format!("{}:{}", real.host_str().unwrap(), real.port().unwrap());
+    let (port, opens) = late_port(&target, after);
+    (
+        registry_url().replace(&target, &format!("127.0.0.1:{port}")),
+        opens,
+    )
+}
+
 /// A port on 127.0.0.1 that refuses connections for `after`, then forwards each one to
 /// `target` (`host:port`): the registry or the broker as seen by a service that started
 /// before it. Returns the port and when it opens.
