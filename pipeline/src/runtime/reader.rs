@@ -741,6 +741,7 @@ impl<P: Processor> Reader<P> {
         self.watch.next_check = Instant::now() + self.watch.every;
         let (topic, name) = (self.spec().topic.clone(), self.spec().name.clone());
         let Ok(positions) = self.consumer.position() else {
+            self.ask_whether_the_broker_answers(&topic);
             return;
         };
         let timeout = Duration::from_secs(2);
@@ -790,6 +791,9 @@ impl<P: Processor> Reader<P> {
         }
         if answered > 0 {
             self.core.shared.health.broker_answered();
+        } else if asked == 0 {
+            // No position to ask about (nothing fetched yet since an assignment).
+            self.ask_whether_the_broker_answers(&topic);
         }
         if !lost.is_empty() {
             self.core
@@ -848,6 +852,19 @@ impl<P: Processor> Reader<P> {
         }
         self.leaders.asked(now);
         self.ask_for_leaders();
+    }
+
+    /// Whether the broker answers at all (a metadata request for the reader's topic),
+    /// for /readyz: see [`ReaderHealth::broker_silent`].
+    fn ask_whether_the_broker_answers(&self, topic: &str) {
+        let health = &self.core.shared.health;
+        match self
+            .consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(2))
+        {
+            Ok(_) => health.broker_answered(),
+            Err(_) => health.broker_silent(),
+        }
     }
 
     /// Asks the broker for the topic's metadata (the client takes the leaders it
