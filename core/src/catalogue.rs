@@ -96,6 +96,7 @@ pub const METRICS: &[Entry] = &[
     ("audit_slot_active", Gauge, "1 while the replication slot has a client (Debezium)."),
     ("audit_slot_retained_wal_bytes", Gauge, "WAL the replication slot keeps PostgreSQL from recycling."),
     ("audit_connector_running", Gauge, "1 while the connector and its task are RUNNING."),
+    ("audit_connector_restarts_total", Counter, "Restarts of a FAILED connector or task the auditor asked of Connect, by outcome (accepted, refused, unreachable)."),
     ("audit_probe_ok", Gauge, "1 while a probed /readyz answers 2xx, by target."),
     ("audit_dead_letters", Gauge, "End offset of each dead-letter topic, by topic."),
     // gateway.

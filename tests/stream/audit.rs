@@ -12,7 +12,7 @@ use chatpipe_tests::audit::is_firing;
 use chatpipe_tests::bench::{produce_events, SYNTHETIC_FIRST_ID};
 use chatpipe_tests::registry_url;
 use chatpipe_tests::stream::{
-    brokers, connect_url, produce_raw, spawn_pipeline, wait_until_streaming,
+    brokers, connect_url, produce_raw, set_topic_config, spawn_pipeline, wait_until_streaming,
 };
 use pipeline::audit::alarm;
 
@@ -191,6 +191,79 @@ async fn a_stopped_connector_fires_connector_slot_and_cdc_alarms_within_a_minute
         )
         .await;
     assert_eq!(report["counts"]["gaps"], 0, "nothing lost: {report:#}");
+    audit.stop().await.unwrap();
+    p.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_failed_connector_task_is_restarted_with_backoff_until_it_streams_again_losing_nothing() {
+    let p = spawn_pipeline().await;
+    let mut settings = p.audit_settings();
+    // 10 s and 5 min by default: short here, so that the test sees several restarts.
+    settings.audit.connector_restart_backoff_ms = 2_000;
+    settings.audit.connector_restart_max_backoff_ms = 4_000;
+    let audit = p.start_audit(settings).await;
+    let conv = p.app.user(10).create_group(&[20]).await;
+    p.app.user(10).send_message(conv, "before").await;
+    audit
+        .until(Duration::from_secs(60), "a healthy pipeline audited", |r| {
+            r["counts"]["messages"] == 1 && r["checks"]["connector"]["running"] == true
+        })
+        .await;
+
+    // The topic now refuses records over 2 KiB, and a message of 3,000 characters is
+    // sent: the broker answers RecordTooLargeException, which the Java producer does not
+    // retry, and Connect fails the task. Restarting cannot cure that, so the restarts
+    // keep coming at the capped backoff, and the connector is reported not running.
+    set_topic_config(&p.topic, "max.message.bytes", "2048").await;
+    p.app.user(10).send_message(conv, &"x".repeat(3000)).await;
+    let report = audit
+        .until(
+            Duration::from_secs(90),
+            "the keeper restarting the failed task, again and again",
+            |r| {
+                r["checks"]["connector"]["keeper"]["restarts"].as_u64() >= Some(3)
+                    && is_firing(r, alarm::CONNECTOR_RESTARTED)
+            },
+        )
+        .await;
+    let keeper = &report["checks"]["connector"]["keeper"];
+    assert_eq!(keeper["last"]["outcome"], "accepted", "{report:#}");
+    assert_eq!(keeper["backoffMs"], 4_000, "{report:#}");
+    let detail = report["firing"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["name"] == alarm::CONNECTOR_RESTARTED)
+        .map(|a| a["detail"].as_str().unwrap_or_default().to_owned())
+        .unwrap_or_default();
+    assert!(
+        detail.contains("FAILED")
+            && detail.contains(&p.connector)
+            && detail.contains("RecordTooLargeException"),
+        "the alarm names the connector, its failed state and the root cause: {detail}"
+    );
+    eprintln!("connector_restarted: {detail}");
+
+    // The operator raises the limit: the next restart cures it, and both messages
+    // arrive, in order, after the one before.
+    set_topic_config(&p.topic, "max.message.bytes", "1048588").await;
+    let cured = std::time::Instant::now();
+    p.app.user(10).send_message(conv, "after").await;
+    let report = audit
+        .until(
+            Duration::from_secs(90),
+            "streaming again after a restart",
+            |r| r["counts"]["messages"] == 3 && r["checks"]["connector"]["running"] == true,
+        )
+        .await;
+    assert_eq!(report["counts"]["gaps"], 0, "nothing lost: {report:#}");
+    assert_eq!(report["counts"]["duplicates"], 0, "{report:#}");
+    eprintln!(
+        "streaming {:.1} s after the limit was raised; {} restarts in all",
+        cured.elapsed().as_secs_f64(),
+        report["checks"]["connector"]["keeper"]["restarts"]
+    );
     audit.stop().await.unwrap();
     p.cleanup().await;
 }

@@ -374,6 +374,27 @@ pub async fn create_topic(topic: &str, partitions: i32) {
     create_topic_with(topic, partitions, &[]).await
 }
 
+/// Sets one config of a topic as an operator would (AlterConfigs: the topic's other
+/// dynamic configs go back to the broker's defaults; the tests' topics set none).
+pub async fn set_topic_config(topic: &str, key: &str, value: &str) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .expect("Kafka admin client");
+    let change = rdkafka::admin::AlterConfig::new(rdkafka::admin::ResourceSpecifier::Topic(topic))
+        .set(key, value);
+    let results = admin
+        .alter_configs(
+            &[change],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("altering topic {topic} at {}: {e}", brokers()));
+    for r in results {
+        r.unwrap_or_else(|(resource, e)| panic!("setting {key}={value} on {resource:?}: {e}"));
+    }
+}
+
 pub async fn create_topic_with(topic: &str, partitions: i32, config: &[(&str, &str)]) {
     let mut new_topic = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
     for (k, v) in config {

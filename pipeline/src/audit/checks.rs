@@ -7,7 +7,8 @@
 //!   not on the topic `audit.cdc_lag_alert_ms` later. Only while the auditor itself is
 //!   caught up with the topic (otherwise its own lag would look like CDC's).
 //! - **The replication slot**: active, and the WAL it retains.
-//! - **The connector**: its state and its tasks', from the Connect REST API.
+//! - **The connector**: its state and its tasks', from the Connect REST API. A FAILED
+//!   one is restarted by the [`keeper`](super::keeper), with backoff.
 //! - **Probes**: the services' `/readyz` (a gateway whose reader stalled answers 503).
 //! - **Dead letters**: the end offsets of the `.dlq` topics; growth is an event alarm.
 
@@ -24,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use tokio::time::Instant;
 
+use super::keeper::{Action, Keeper, KeeperReport};
 use super::{alarm, Audit};
 use crate::runtime::ReaderHealth;
 use crate::settings::{AuditSettings, Settings};
@@ -76,6 +78,11 @@ pub struct Connector {
     /// The connector's state and each task's, or why Connect did not say.
     pub state: String,
     pub tasks: Vec<String>,
+    /// The connector or a task is FAILED: what the keeper restarts.
+    pub failed: bool,
+    /// The first line of a FAILED one's error (Connect's `trace`).
+    pub error: Option<String>,
+    pub keeper: KeeperReport,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -99,6 +106,9 @@ struct ConnectStatus {
 #[derive(Deserialize)]
 struct ConnectState {
     state: String,
+    /// The stack trace of a FAILED one.
+    #[serde(default)]
+    trace: Option<String>,
 }
 
 /// One round's reads for the CDC check.
@@ -121,6 +131,7 @@ pub struct Checker {
     newest_unstreamed: Option<(i64, Instant)>,
     probe_failing_since: HashMap<String, Instant>,
     dead_letter_ends: HashMap<String, i64>,
+    keeper: Keeper,
 }
 
 impl Checker {
@@ -149,6 +160,11 @@ impl Checker {
             newest_unstreamed: None,
             probe_failing_since: HashMap::new(),
             dead_letter_ends: HashMap::new(),
+            keeper: Keeper::new(
+                settings.audit.connector_restart,
+                Duration::from_millis(settings.audit.connector_restart_backoff_ms),
+                Duration::from_millis(settings.audit.connector_restart_max_backoff_ms),
+            ),
         }
     }
 
@@ -179,6 +195,22 @@ impl Checker {
         );
         let cdc = cdc.and_then(|read| self.cdc(read, now));
         let probes = self.probes(answers, now);
+        let mut connector = connector;
+        let restarted = match self.keeper.decide(connector.running, connector.failed, now) {
+            Action::Restart => {
+                let (outcome, answer) = self.restart_connector().await;
+                self.keeper.restarted(outcome, answer.clone(), now);
+                Some(format!(
+                    "restarted connector {} ({outcome}: {answer}); it was {} (tasks: {}): {}",
+                    connector.name,
+                    connector.state,
+                    connector.tasks.join(", "),
+                    connector.error.as_deref().unwrap_or("no error given")
+                ))
+            }
+            Action::Nothing => None,
+        };
+        connector.keeper = self.keeper.report();
 
         let cfg = &self.cfg;
         let mut state = self.audit.state();
@@ -250,6 +282,10 @@ impl Checker {
             now,
         );
         metrics::gauge!("audit_connector_running").set(if connector.running { 1.0 } else { 0.0 });
+        if let Some(detail) = restarted {
+            tracing::warn!("{detail}");
+            alarms.event(alarm::CONNECTOR_RESTARTED, detail, now);
+        }
 
         let probe_alert = Duration::from_millis(cfg.probe_alert_ms);
         let failing: Vec<String> = probes
@@ -407,6 +443,9 @@ impl Checker {
             running: false,
             state,
             tasks: Vec::new(),
+            failed: false,
+            error: None,
+            keeper: KeeperReport::default(),
         };
         let response = match self.http.get(&url).send().await {
             Ok(r) => r,
@@ -417,6 +456,14 @@ impl Checker {
         }
         match response.json::<ConnectStatus>().await {
             Ok(s) => {
+                let failed: Vec<&ConnectState> = std::iter::once(&s.connector)
+                    .chain(&s.tasks)
+                    .filter(|c| c.state == "FAILED")
+                    .collect();
+                let error = failed
+                    .iter()
+                    .find_map(|c| c.trace.as_deref().and_then(first_and_root_cause));
+                let failed = !failed.is_empty();
                 let tasks: Vec<String> = s.tasks.into_iter().map(|t| t.state).collect();
                 Connector {
                     name: self.cfg.connector.clone(),
@@ -425,9 +472,34 @@ impl Checker {
                         && tasks.iter().all(|t| t == "RUNNING"),
                     state: s.connector.state,
                     tasks,
+                    failed,
+                    error,
+                    keeper: KeeperReport::default(),
                 }
             }
             Err(e) => not_running(format!("unreadable status: {e}")),
+        }
+    }
+
+    /// Asks Connect to restart the connector's FAILED parts (the connector itself, its
+    /// tasks, or both): the outcome and Connect's answer.
+    async fn restart_connector(&self) -> (&'static str, String) {
+        let url = format!(
+            "{}/connectors/{}/restart?includeTasks=true&onlyFailed=true",
+            self.cfg.connect_url.trim_end_matches('/'),
+            self.cfg.connector
+        );
+        match self.http.post(&url).send().await {
+            Ok(r) if r.status().is_success() => ("accepted", r.status().to_string()),
+            Ok(r) => {
+                let status = r.status();
+                let body = r.text().await.unwrap_or_default();
+                (
+                    "refused",
+                    format!("{status} {}", body.chars().take(300).collect::<String>()),
+                )
+            }
+            Err(e) => ("unreachable", e.to_string()),
         }
     }
 
@@ -499,5 +571,37 @@ impl Checker {
         })
         .await
         .unwrap_or_default()
+    }
+}
+
+/// A Java stack trace's first line and its last `Caused by:` (the root cause), shortened:
+/// "ConnectException: Unrecoverable exception from producer send callback; caused by:
+/// RecordTooLargeException: The request included a message larger than ...".
+fn first_and_root_cause(trace: &str) -> Option<String> {
+    let short = |line: &str| -> String { line.trim().chars().take(300).collect() };
+    let first = short(trace.lines().next()?);
+    let root = trace
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("Caused by: "))
+        .next_back();
+    Some(match root {
+        Some(root) => format!("{first}; caused by: {}", short(root)),
+        None => first,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_and_root_cause;
+
+    #[test]
+    fn a_trace_is_told_by_its_first_line_and_its_root_cause() {
+        let trace = "org.apache.kafka.connect.errors.ConnectException: Unrecoverable exception from producer send callback\n\tat org.apache.kafka.connect.runtime.WorkerSourceTask.maybeThrowProducerSendException(WorkerSourceTask.java:340)\nCaused by: org.apache.kafka.common.KafkaException: outer\n\tat x\nCaused by: org.apache.kafka.common.errors.RecordTooLargeException: The request included a message larger than the max message size the server will accept.\n";
+        assert_eq!(
+            first_and_root_cause(trace).unwrap(),
+            "org.apache.kafka.connect.errors.ConnectException: Unrecoverable exception from producer send callback; caused by: org.apache.kafka.common.errors.RecordTooLargeException: The request included a message larger than the max message size the server will accept."
+        );
+        assert_eq!(first_and_root_cause("Boom\n\tat a").unwrap(), "Boom");
+        assert_eq!(first_and_root_cause(""), None);
     }
 }

@@ -9,13 +9,15 @@
 //! - the **checker** ([`checks`]) looks every `audit.check_interval_ms` at what the
 //!   stream cannot show: PostgreSQL ahead of `chat.events` (CDC stalled), the
 //!   replication slot, the connector and its tasks on the Connect REST API, the
-//!   services' `/readyz`, and the dead-letter topics.
+//!   services' `/readyz`, and the dead-letter topics; its [`keeper`] restarts a
+//!   FAILED connector or task.
 //!
 //! Findings become [`alarms`] (the `audit_alarm{alarm}` gauges) and `GET /report`
 //! (JSON, [`report`]), next to `/metrics`, `/healthz` and `/readyz`.
 
 pub mod alarms;
 pub mod checks;
+pub mod keeper;
 pub mod ledger;
 pub mod report;
 
@@ -43,6 +45,7 @@ pub mod alarm {
     pub const READ_REGRESSION: &str = "read_regression";
     pub const CDC_STALLED: &str = "cdc_stalled";
     pub const CONNECTOR_NOT_RUNNING: &str = "connector_not_running";
+    pub const CONNECTOR_RESTARTED: &str = "connector_restarted";
     pub const SLOT_INACTIVE: &str = "slot_inactive";
     pub const SLOT_WAL_RETAINED: &str = "slot_wal_retained";
     pub const POSTGRES_UNREACHABLE: &str = "postgres_unreachable";
