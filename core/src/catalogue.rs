@@ -116,6 +116,8 @@ pub const METRICS: &[Entry] = &[
     ("gateway_presence_records_total", Counter, "Presence leases and tombstones written to chat.presence."),
     ("gateway_presence_errors_total", Counter, "Presence records the broker refused."),
     ("gateway_presence_unacknowledged_total", Counter, "Lease renewals the broker had not acknowledged within a renewal tick."),
+    ("gateway_resyncs_total", Counter, "Times the gateway told every client to catch up over REST, by cause (presence lapsed, deliveries reader stalled)."),
+    ("gateway_resync_frames_total", Counter, "resync frames sent to sessions."),
     ("gateway_client_frames_total", Counter, "Frames clients sent, by kind (ack, typing, unknown, invalid)."),
     ("gateway_acks_total", Counter, "Delivery acks from clients, by result (produced, failed, dropped)."),
     ("gateway_typing_total", Counter, "Typing signals from clients, by result (produced, throttled, failed, dropped)."),

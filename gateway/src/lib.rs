@@ -7,6 +7,7 @@ pub mod client;
 pub mod connection;
 pub mod deliveries;
 pub mod presence;
+pub mod resync;
 pub mod sessions;
 pub mod signals;
 
@@ -156,11 +157,16 @@ pub async fn run(
     .await
     .context("registering the presence schema")?;
     // A presence record older than a lease is worth nothing: librdkafka gives up on it
-    // then, rather than after its default five minutes.
+    // then, rather than after its default five minutes. Not idempotent: an idempotent
+    // producer whose in-flight records time out must drain them and bump its epoch before
+    // it sends again, which after a broker stall can outlast a lease; a renewal written
+    // twice is harmless. One request in flight keeps each user's records in order.
     let producer: rdkafka::producer::FutureProducer = settings
         .kafka
         .producer()
         .set("message.timeout.ms", settings.presence.lease_ms.to_string())
+        .set("enable.idempotence", "false")
+        .set("max.in.flight.requests.per.connection", "1")
         .create()
         .context("creating the Kafka producer")?;
     let sig = &settings.signals;
@@ -310,6 +316,14 @@ pub async fn run(
             let mut last = sessions.take_changes();
             last.extend(sessions.counts().into_iter().map(|(u, _)| (u, 0)));
             publisher.publish(&last).await;
+            Ok(())
+        });
+    }
+    {
+        let (readiness, sessions) = (readiness.clone(), sessions.clone());
+        let stop = stopped(stop_rx.clone());
+        supervisor.spawn_async("resync", async move {
+            resync::watch_readers(readiness, sessions, Duration::from_secs(1), stop).await;
             Ok(())
         });
     }

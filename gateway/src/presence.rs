@@ -2,6 +2,9 @@
 //! (key `<userId>@<gatewayId>`) is written when their session count changes and renewed
 //! every `renew_ms` with a lease of `lease_ms`; the last session leaving writes a
 //! tombstone. A gateway that dies without a word stops counting when its leases expire.
+//! When no record was acknowledged for a whole lease, fanout may count this gateway's
+//! users offline: once the broker answers again, every lease is renewed at once and the
+//! clients are told to catch up ([`crate::resync`]).
 
 use std::time::Duration;
 
@@ -10,6 +13,7 @@ use chatpipe_schemas::presence::{key, Presence, PresenceCodec};
 use futures::future::join_all;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
+use crate::resync::{self, Lapse};
 use crate::sessions::Sessions;
 
 /// Renewals per `renew` interval; each renews the users whose id falls in its slice.
@@ -33,12 +37,13 @@ impl Publisher {
     pub async fn run(&self, sessions: Sessions, shutdown: impl std::future::Future<Output = ()>) {
         let mut renew = tokio::time::interval(self.renew / RENEW_SLICES as u32);
         let mut slice: i64 = 0;
+        let mut lapse = Lapse::new(self.lease, tokio::time::Instant::now());
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
                 () = sessions.changed() => {
                     let changes = sessions.take_changes();
-                    self.publish(&changes).await;
+                    self.publish_watching(&changes, &sessions, &mut lapse).await;
                 }
                 _ = renew.tick() => {
                     let all = sessions.counts();
@@ -47,11 +52,46 @@ impl Publisher {
                         .into_iter()
                         .filter(|(user, _)| user.get().rem_euclid(RENEW_SLICES) == slice)
                         .collect();
-                    self.publish(&due).await;
+                    self.publish_watching(&due, &sessions, &mut lapse).await;
                     slice = (slice + 1) % RENEW_SLICES;
                 }
                 () = &mut shutdown => break,
             }
+        }
+    }
+
+    /// [`Publisher::publish`], watching for a lapse: after one, every lease is renewed at
+    /// once (fanout may count them all expired), and once that is acknowledged the
+    /// clients are told to resync.
+    async fn publish_watching(
+        &self,
+        users: &[(UserId, usize)],
+        sessions: &Sessions,
+        lapse: &mut Lapse,
+    ) {
+        use tokio::time::Instant;
+        if users.is_empty() {
+            return;
+        }
+        if !self.publish(users).await {
+            lapse.unacknowledged(Instant::now());
+            return;
+        }
+        let Some(silent) = lapse.acknowledged(Instant::now()) else {
+            return;
+        };
+        if self.publish(&sessions.counts()).await {
+            resync::broadcast(
+                sessions,
+                "presence",
+                &format!(
+                    "pushes may have been lost: the broker acknowledged none of this gateway's \
+                     presence records for {:.1} s, longer than a lease",
+                    silent.as_secs_f64()
+                ),
+            );
+        } else {
+            lapse.still_lapsed(Instant::now());
         }
     }
 
@@ -60,8 +100,9 @@ impl Publisher {
     /// acknowledged by then stays queued in the producer (in order, per user), but the
     /// renewals of the others must not wait behind it. After a broker restart an acknowledgement can take tens of
     /// seconds, longer than a lease; waiting for it here let every lease of the gateway
-    /// expire in fanout, and pushes stopped for that long.
-    pub async fn publish(&self, users: &[(UserId, usize)]) {
+    /// expire in fanout, and pushes stopped for that long. True when every record was
+    /// acknowledged in that time.
+    pub async fn publish(&self, users: &[(UserId, usize)]) -> bool {
         let expires = chrono::Utc::now().timestamp_millis() + self.lease.as_millis() as i64;
         let sends = users.iter().map(|(user, count)| {
             let key = key(*user, &self.gateway_id);
@@ -92,16 +133,19 @@ impl Publisher {
                 users = users.len(),
                 "presence records not acknowledged within {wait:?}: left queued in the producer"
             );
-            return;
+            return false;
         };
+        let mut acknowledged = true;
         for result in results {
             match result {
                 Ok(_) => metrics::counter!("gateway_presence_records_total").increment(1),
                 Err((err, _)) => {
+                    acknowledged = false;
                     metrics::counter!("gateway_presence_errors_total").increment(1);
                     tracing::warn!("publishing presence: {err}");
                 }
             }
         }
+        acknowledged
     }
 }

@@ -400,6 +400,11 @@ function onFrame(frame) {
     case 'typing':
       onTyping(frame);
       break;
+    case 'resync':
+      // Pushes may have been lost while this socket stayed open (a broker outage).
+      catchUp();
+      setTimeout(catchUp, SECOND_CATCH_UP_MS);
+      break;
     default:
     // Unknown frame types may come in later versions: ignore them.
   }

@@ -62,6 +62,7 @@ fn every_topic_and_every_frame_type_is_in_the_asyncapi_document() {
         READ_UPDATED,
         DELIVERY_UPDATED,
         TYPING,
+        gateway::resync::RESYNC,
         "ack",
     ] {
         assert!(names.contains(frame), "no message named {frame}");
