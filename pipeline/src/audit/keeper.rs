@@ -68,7 +68,8 @@ pub struct Keeper {
     not_before: Option<Instant>,
     /// Since when the connector and every task has been RUNNING.
     running_since: Option<Instant>,
-    report: KeeperReport,
+    restarts: u64,
+    last: Option<Restart>,
 }
 
 impl Keeper {
@@ -80,11 +81,8 @@ impl Keeper {
             backoff: first,
             not_before: None,
             running_since: None,
-            report: KeeperReport {
-                enabled,
-                backoff_ms: first.as_millis() as u64,
-                ..KeeperReport::default()
-            },
+            restarts: 0,
+            last: None,
         }
     }
 
@@ -95,7 +93,6 @@ impl Keeper {
             if now.duration_since(since) >= self.backoff && self.backoff != self.first {
                 self.backoff = self.first;
                 self.not_before = None;
-                self.report.backoff_ms = self.first.as_millis() as u64;
             }
             return Action::Nothing;
         }
@@ -108,20 +105,24 @@ impl Keeper {
 
     /// The restart was asked at `now`, with this outcome.
     pub fn restarted(&mut self, outcome: &'static str, answer: String, now: Instant) {
-        self.report.restarts += 1;
-        self.report.last = Some(Restart {
+        self.restarts += 1;
+        self.last = Some(Restart {
             at: Utc::now(),
             outcome,
             answer,
         });
         self.not_before = Some(now + self.backoff);
         self.backoff = (self.backoff * 2).min(self.max);
-        self.report.backoff_ms = self.backoff.as_millis() as u64;
         metrics::counter!("audit_connector_restarts_total", "outcome" => outcome).increment(1);
     }
 
     pub fn report(&self) -> KeeperReport {
-        self.report.clone()
+        KeeperReport {
+            enabled: self.enabled,
+            restarts: self.restarts,
+            last: self.last.clone(),
+            backoff_ms: self.backoff.as_millis() as u64,
+        }
     }
 }
 
