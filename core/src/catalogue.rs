@@ -24,6 +24,8 @@ pub type Entry = (&'static str, Kind, &'static str);
 pub const METRICS: &[Entry] = &[
     // Every process.
     ("chatpipe_build_info", Gauge, "Always 1: the service, its version and the git revision it was built from, as labels."),
+    // Every Kafka client (core::kafka::rebootstrap).
+    ("kafka_rebootstraps_total", Counter, "Kafka clients given their bootstrap servers again after a metadata answer left them no broker (librdkafka#5301), by client type."),
     // HTTP listeners of ingest-api and the gateway (core::http, ingest-api's routes).
     ("http_requests_total", Counter, "HTTP requests answered, by method, route template and status."),
     ("http_request_duration_seconds", Histogram, "Time from request to response, by method and route template."),

@@ -24,6 +24,7 @@ use axum::routing::get;
 use axum::Router;
 use chatpipe_core::auth::{unix_now, AuthError, AuthSettings, TokenKeys, Verified};
 use chatpipe_core::config::{KafkaSettings, RegistrySettings};
+use chatpipe_core::kafka::CreateGuarded;
 use chatpipe_core::startup::wait_for;
 use chatpipe_schemas::registry::incompatible;
 use futures::StreamExt;
@@ -161,13 +162,13 @@ pub async fn run(
     // producer whose in-flight records time out must drain them and bump its epoch before
     // it sends again, which after a broker stall can outlast a lease; a renewal written
     // twice is harmless. One request in flight keeps each user's records in order.
-    let producer: rdkafka::producer::FutureProducer = settings
+    let producer: chatpipe_core::kafka::FutureProducer = settings
         .kafka
         .producer()
         .set("message.timeout.ms", settings.presence.lease_ms.to_string())
         .set("enable.idempotence", "false")
         .set("max.in.flight.requests.per.connection", "1")
-        .create()
+        .create_guarded()
         .context("creating the Kafka producer")?;
     let sig = &settings.signals;
     let acks_subject = format!("{}-value", sig.acks_topic);
@@ -177,7 +178,7 @@ pub async fn run(
             .kafka
             .producer()
             .set("message.timeout.ms", sig.produce_timeout_ms.to_string())
-            .create()
+            .create_guarded()
             .context("creating the Kafka producer of client signals")?,
         acks_codec: wait_for(
             "registering the acks' schema",

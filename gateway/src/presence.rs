@@ -8,10 +8,11 @@
 
 use std::time::Duration;
 
+use chatpipe_core::kafka::FutureProducer;
 use chatpipe_core::UserId;
 use chatpipe_schemas::presence::{key, Presence, PresenceCodec};
 use futures::future::join_all;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 
 use crate::resync::{self, Lapse};
 use crate::sessions::Sessions;

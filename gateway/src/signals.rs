@@ -14,10 +14,11 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use chatpipe_core::kafka::FutureProducer;
 use chatpipe_core::{ConversationId, Seq, UserId};
 use chatpipe_schemas::ephemeral::{Ephemeral, EphemeralCodec, TYPING};
 use chatpipe_schemas::receipt::{ReadReceipt, ReceiptCodec};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 use serde::Deserialize;
 
 #[derive(Clone)]

@@ -1,5 +1,6 @@
 //! The gateway over a real socket, with a real WebSocket client.
 
+use chatpipe_core::kafka::CreateGuarded;
 use std::time::Duration;
 
 use chatpipe_core::auth::TokenKeys;
@@ -32,7 +33,7 @@ async fn start_with(sessions: Sessions) -> (String, Sessions, TokenKeys) {
         signals: gateway::signals::Signals {
             producer: rdkafka::ClientConfig::new()
                 .set("bootstrap.servers", "127.0.0.1:1")
-                .create()
+                .create_guarded()
                 .unwrap(),
             acks_codec: chatpipe_schemas::receipt::ReceiptCodec::new(1),
             acks_topic: "no-broker".into(),

@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
+use chatpipe_core::kafka::{CreateGuarded, FutureProducer};
 use chatpipe_schemas::receipt::{ReadReceipt, ReceiptCodec};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 
 use crate::configuration::KafkaSettings;
 
@@ -48,7 +49,7 @@ impl ReceiptProducer {
             kafka.queue_max_messages.to_string(),
         )
         .set("message.timeout.ms", kafka.produce_timeout_ms.to_string())
-        .create()?;
+        .create_guarded()?;
         Ok(Self {
             producer,
             codec,

@@ -6,10 +6,10 @@
 use std::time::Duration;
 
 use anyhow::Context;
+use chatpipe_core::kafka::{CreateGuarded, StreamConsumer};
 use chatpipe_schemas::contract::CHAT_EVENTS;
-use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::message::{Headers, Message};
-use rdkafka::ClientConfig;
 use schema_registry_converter::async_impl::avro::AvroDecoder;
 use schema_registry_converter::async_impl::schema_registry::SrSettings;
 use serde_json::{json, Value};
@@ -50,8 +50,10 @@ pub async fn run(
             .set_timeout(timeout)
             .build()?,
     );
-    let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &settings.kafka.brokers)
+    // It reaches the cluster as the services do (kafka.properties: TLS, SASL).
+    let consumer: StreamConsumer = settings
+        .kafka
+        .client()
         // A throwaway group: tail never commits and never steals partitions from anyone.
         .set(
             "group.id",
@@ -67,7 +69,7 @@ pub async fn run(
             },
         )
         .set("isolation.level", "read_committed")
-        .create()
+        .create_guarded()
         .context("creating the Kafka consumer")?;
     consumer
         .subscribe(&[&args.topic])

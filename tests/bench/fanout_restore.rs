@@ -16,6 +16,7 @@
 //! eval "$(scripts/stack env)" && target/release/fanout-restore
 //! ```
 
+use chatpipe_core::kafka::CreateGuarded;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -26,8 +27,7 @@ use chatpipe_tests::bench::{
     live_groups, old_messages, produce_events, start_group_at_end, SYNTHETIC_FIRST_ID,
 };
 use clap::Parser;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
+use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
 use rdkafka::ClientConfig;
 
 #[derive(Parser, Debug)]
@@ -53,9 +53,9 @@ struct Args {
 const PARTITIONS: i32 = 6;
 
 async fn create_topics(brokers: &str, ns: &str) -> anyhow::Result<()> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+    let admin: chatpipe_core::kafka::AdminClient = ClientConfig::new()
         .set("bootstrap.servers", brokers)
-        .create()?;
+        .create_guarded()?;
     let events = format!("{ns}.chat.events");
     let changelog = format!("{ns}.chat.fanout-members");
     let presence = format!("{ns}.chat.presence");
@@ -75,9 +75,9 @@ async fn create_topics(brokers: &str, ns: &str) -> anyhow::Result<()> {
 
 /// Removes the run's topics (a 10M-record history is ~150 MB of broker disk).
 async fn delete_topics(brokers: &str, ns: &str) -> anyhow::Result<()> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+    let admin: chatpipe_core::kafka::AdminClient = ClientConfig::new()
         .set("bootstrap.servers", brokers)
-        .create()?;
+        .create_guarded()?;
     let names: Vec<String> = [
         "chat.events",
         "chat.fanout-members",

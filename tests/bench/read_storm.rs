@@ -20,6 +20,7 @@
 //! PostgreSQL's counts (pg_stat_statements, pg_stat_database, pg_stat_user_tables);
 //! records are Kafka's (offsets).
 
+use chatpipe_core::kafka::CreateGuarded;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -595,10 +596,10 @@ async fn load_expected(
 }
 
 async fn create_topic(brokers: &str, topic: &str) -> anyhow::Result<()> {
-    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
+    use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+    let admin: chatpipe_core::kafka::AdminClient = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", brokers)
-        .create()?;
+        .create_guarded()?;
     for r in admin
         .create_topics(
             &[NewTopic::new(topic, 6, TopicReplication::Fixed(1))],

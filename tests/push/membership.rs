@@ -2,12 +2,12 @@
 //! they arrive, its compacted changelog after a restart (not the events' history), and
 //! PostgreSQL for conversations it does not hold.
 
+use chatpipe_core::kafka::CreateGuarded;
 use std::time::Duration;
 
 use chatpipe_schemas::ChatEvent;
 use chatpipe_tests::stream::{brokers, spawn_pipeline};
-use rdkafka::admin::{AdminClient, AdminOptions};
-use rdkafka::client::DefaultClientContext;
+use rdkafka::admin::AdminOptions;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 use crate::{is_message, PRESENCE_DEADLINE, PUSH_DEADLINE};
@@ -60,9 +60,9 @@ async fn a_conversation_past_retention_is_loaded_from_postgres_once() {
         })
     })
     .await;
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+    let admin: chatpipe_core::kafka::AdminClient = ClientConfig::new()
         .set("bootstrap.servers", brokers())
-        .create()
+        .create_guarded()
         .unwrap();
     let mut all = TopicPartitionList::new();
     for partition in 0..6 {

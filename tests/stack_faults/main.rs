@@ -4,6 +4,7 @@
 //! take turns ([`one_fault_at_a_time`]).
 
 mod broker;
+mod fenced;
 mod postgres;
 mod registry;
 
@@ -61,6 +62,15 @@ impl Drop for StartOnPanic {
 
 fn connect_pid() -> i32 {
     stack_pid("connect")
+}
+
+/// Sends `sig` (`-STOP`, `-CONT`, `-9`) to `pid`.
+pub fn signal(sig: &str, pid: i32) {
+    let status = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {sig} {pid}");
 }
 
 /// The pid of a component `scripts/stack` started.

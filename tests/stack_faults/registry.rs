@@ -3,12 +3,14 @@
 //! and retry: nothing is dead-lettered, nothing lost, and the order is kept, so a member
 //! removed during the outage never receives a later message body.
 
+use chatpipe_core::kafka::CreateGuarded;
 use std::time::{Duration, Instant};
 
+use chatpipe_core::kafka::BaseConsumer;
 use chatpipe_tests::push::Collector;
 use chatpipe_tests::stream::{brokers, spawn_pipeline_with};
 use ingest_api::configuration::ReadMode;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::Consumer;
 use serde_json::{json, Value};
 
 use crate::{one_fault_at_a_time, stack, StartOnPanic};
@@ -23,7 +25,7 @@ fn is_message(conversation: i64, seq: i64) -> impl Fn(&Value) -> bool {
 fn records_in(topic: &str) -> i64 {
     let consumer: BaseConsumer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", brokers())
-        .create()
+        .create_guarded()
         .unwrap();
     let metadata = consumer
         .fetch_metadata(Some(topic), Duration::from_secs(10))

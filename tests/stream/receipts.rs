@@ -1,8 +1,10 @@
 //! Read receipts as a stream: POST /read -> chat.read-receipts -> the receipts
 //! processor -> one batched, monotone UPDATE per window -> read.updated on chat.events.
 
+use chatpipe_core::kafka::CreateGuarded;
 use std::time::Duration;
 
+use chatpipe_core::kafka::FutureProducer;
 use chatpipe_schemas::receipt::{ReadReceipt, ReceiptCodec};
 use chatpipe_schemas::registry::Registry;
 use chatpipe_schemas::{ChatEvent, ConversationId, Seq, UserId};
@@ -12,7 +14,7 @@ use chatpipe_tests::stream::{
 };
 use chatpipe_tests::{registry_url, TestApp};
 use ingest_api::configuration::ReadMode;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 use serde_json::json;
 
 /// A line of the flush's batched UPDATE (`chatpipe_core::watermark::advance`), as
@@ -62,7 +64,7 @@ impl Receipts {
             topic: p.receipts_topic.clone(),
             codec: registry.receipt_codec().await.unwrap(),
             producer: chatpipe_core::kafka::producer_config(&chatpipe_tests::stream::brokers())
-                .create()
+                .create_guarded()
                 .unwrap(),
         }
     }

@@ -2,14 +2,17 @@
 //! certificate verified (sslmode=verify-full), and Kafka through the broker's SASL_SSL
 //! listener with the properties an operator sets in `[kafka.properties]`.
 
+use chatpipe_core::kafka::CreateGuarded;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use chatpipe_core::config::KafkaSettings;
+use chatpipe_core::kafka::BaseConsumer;
+use chatpipe_core::kafka::FutureProducer;
 use chatpipe_tests::spawn_app_with;
 use chatpipe_tests::stream::create_topic;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::consumer::Consumer;
+use rdkafka::producer::FutureRecord;
 use rdkafka::Message;
 use secrecy::{ExposeSecret, SecretString};
 use sqlx::Connection;
@@ -87,7 +90,7 @@ async fn kafka_clients_produce_and_consume_through_the_sasl_ssl_listener() {
     let topic = format!("transports-{}", uuid::Uuid::new_v4().simple());
     create_topic(&topic, 1).await;
     let kafka = sasl_settings(&stack_var("KAFKA_SASL_PASSWORD"));
-    let producer: FutureProducer = kafka.producer().create().unwrap();
+    let producer: FutureProducer = kafka.producer().create_guarded().unwrap();
     producer
         .send(
             FutureRecord::to(&topic).key("k").payload("over SASL_SSL"),
@@ -96,7 +99,10 @@ async fn kafka_clients_produce_and_consume_through_the_sasl_ssl_listener() {
         .await
         .unwrap_or_else(|(e, _)| panic!("producing through SASL_SSL: {e}"));
 
-    let consumer: BaseConsumer = kafka.consumer(&format!("{topic}-reader")).create().unwrap();
+    let consumer: BaseConsumer = kafka
+        .consumer(&format!("{topic}-reader"))
+        .create_guarded()
+        .unwrap();
     consumer.subscribe(&[&topic]).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     let got = loop {
@@ -116,7 +122,7 @@ async fn kafka_clients_produce_and_consume_through_the_sasl_ssl_listener() {
     let wrong: FutureProducer = sasl_settings("not-the-password")
         .producer()
         .set("message.timeout.ms", "5000")
-        .create()
+        .create_guarded()
         .unwrap();
     let refused = wrong
         .send(

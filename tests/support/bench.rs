@@ -2,14 +2,16 @@
 //! chat.events that notes when each message lands there, Kafka's own record counts
 //! (offsets), the machine, and the summary of repeated runs.
 
+use chatpipe_core::kafka::CreateGuarded;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use chatpipe_core::kafka::{BaseConsumer, StreamConsumer};
 use chatpipe_schemas::registry::Registry;
 use chatpipe_schemas::{ChatEvent, ConversationId, Seq, UserId, Watermark};
-use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use serde_json::json;
 use tokio::sync::Mutex;
@@ -50,7 +52,7 @@ pub async fn start_event_reader(
     for (p, high) in end_offsets(brokers, topic)?.into_iter().enumerate() {
         assignment.add_partition_offset(topic, p as i32, Offset::Offset(high))?;
     }
-    let consumer: StreamConsumer = config.create()?;
+    let consumer: StreamConsumer = config.create_guarded()?;
     consumer.assign(&assignment)?;
     let decoder = Registry::new(registry, Duration::from_secs(5))?.event_decoder();
     Ok(tokio::spawn(async move {
@@ -175,13 +177,13 @@ pub fn produce_events(
     topic: &str,
     events: impl Iterator<Item = (i64, Vec<u8>)>,
 ) -> u64 {
-    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
-    let producer: ThreadedProducer<DefaultProducerContext> =
+    use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+    let producer: ThreadedProducer<chatpipe_core::kafka::Guarded> =
         chatpipe_core::kafka::producer_config(brokers)
             .set("linger.ms", "20")
             .set("batch.num.messages", "10000")
             .set("queue.buffering.max.messages", "500000")
-            .create()
+            .create_guarded()
             .expect("Kafka producer");
     let mut n = 0;
     for (conversation, value) in events {
@@ -260,7 +262,7 @@ pub fn live_groups(
 pub fn start_group_at_end(brokers: &str, group: &str, topic: &str, partitions: i32) {
     use rdkafka::consumer::CommitMode;
     let committer: BaseConsumer = chatpipe_core::kafka::consumer_config(brokers, group)
-        .create()
+        .create_guarded()
         .expect("Kafka consumer");
     let mut ends = TopicPartitionList::new();
     for p in 0..partitions {
@@ -289,7 +291,7 @@ pub fn write_report(out: &str, report: &serde_json::Value) -> anyhow::Result<()>
 /// Every partition's end offset (high watermark) of `topic`, in partition order: how many
 /// records each has ever held. Blocking.
 pub fn end_offsets(brokers: &str, topic: &str) -> anyhow::Result<Vec<i64>> {
-    let probe: BaseConsumer = chatpipe_core::kafka::client_config(brokers).create()?;
+    let probe: BaseConsumer = chatpipe_core::kafka::client_config(brokers).create_guarded()?;
     let metadata = probe.fetch_metadata(Some(topic), Duration::from_secs(10))?;
     let partitions = metadata
         .topics()
@@ -320,7 +322,7 @@ impl GroupProgress {
     pub fn new(brokers: &str, group: &str, topic: &str) -> anyhow::Result<Self> {
         let partitions = end_offsets(brokers, topic)?.len() as i32;
         Ok(Self {
-            client: chatpipe_core::kafka::consumer_config(brokers, group).create()?,
+            client: chatpipe_core::kafka::consumer_config(brokers, group).create_guarded()?,
             topic: topic.to_owned(),
             partitions,
         })

@@ -2,6 +2,7 @@
 //! WebSocket client. Topics `<ns>.chat.presence` (compacted) and `<ns>.chat.deliveries`
 //! (one partition per gateway) are created by [`crate::stream::spawn_pipeline`].
 
+use chatpipe_core::kafka::CreateGuarded;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -112,14 +113,15 @@ impl Pipeline {
         deadline: Duration,
         mut done: impl FnMut(&[chatpipe_schemas::delivery::Delivery]) -> bool,
     ) -> Vec<chatpipe_schemas::delivery::Delivery> {
-        use rdkafka::consumer::{Consumer, StreamConsumer};
+        use chatpipe_core::kafka::StreamConsumer;
+        use rdkafka::consumer::Consumer;
         use rdkafka::Message as _;
         let topic = self.deliveries_topic();
         let consumer: StreamConsumer = chatpipe_core::kafka::consumer_config(
             &brokers(),
             &format!("{topic}-read-{}", uuid::Uuid::new_v4()),
         )
-        .create()
+        .create_guarded()
         .expect("Kafka consumer");
         consumer.subscribe(&[&topic]).expect("subscribe");
         let registry = chatpipe_schemas::registry::Registry::new(&registry_url(), deadline)
@@ -151,13 +153,14 @@ impl Pipeline {
 
 /// Waits until `topic` holds a tombstone (a record without a value) under `key`.
 pub async fn wait_for_tombstone(topic: &str, key: &str, deadline: Duration) {
-    use rdkafka::consumer::{Consumer, StreamConsumer};
+    use chatpipe_core::kafka::StreamConsumer;
+    use rdkafka::consumer::Consumer;
     use rdkafka::Message;
     let consumer: StreamConsumer = chatpipe_core::kafka::consumer_config(
         &brokers(),
         &format!("{topic}-tombstones-{}", uuid::Uuid::new_v4()),
     )
-    .create()
+    .create_guarded()
     .expect("Kafka consumer");
     consumer.subscribe(&[topic]).expect("subscribe");
     let until = tokio::time::Instant::now() + deadline;

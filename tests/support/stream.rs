@@ -10,16 +10,17 @@
 //! through `KAFKA_CONNECT_URL` (default http://127.0.0.1:8083) and `KAFKA_BROKERS`
 //! (default 127.0.0.1:9092). If they are not there, the test fails and says so.
 
+use chatpipe_core::kafka::CreateGuarded;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use chatpipe_core::kafka::StreamConsumer;
 use chatpipe_schemas::registry::{EventDecoder, Registry};
 use chatpipe_schemas::ChatEvent;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+use rdkafka::consumer::Consumer;
 use rdkafka::message::{Headers, Message};
 use rdkafka::ClientConfig;
 use serde_json::{json, Value};
@@ -151,7 +152,7 @@ pub async fn spawn_pipeline_adjusted(
         .set("group.protocol", "consumer")
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
-        .create()
+        .create_guarded()
         .expect("Kafka consumer");
     consumer.subscribe(&[&topic]).expect("subscribe");
     let decoder = Registry::new(&registry_url(), Duration::from_secs(5))
@@ -276,9 +277,9 @@ impl Pipeline {
 
 /// Whether the broker still lists the topic (deletion is asynchronous: polled briefly).
 pub async fn topic_exists(topic: &str) -> bool {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+    let admin: chatpipe_core::kafka::AdminClient = ClientConfig::new()
         .set("bootstrap.servers", brokers())
-        .create()
+        .create_guarded()
         .expect("Kafka admin client");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -377,9 +378,9 @@ pub async fn create_topic(topic: &str, partitions: i32) {
 /// Sets one config of a topic as an operator would (AlterConfigs: the topic's other
 /// dynamic configs go back to the broker's defaults; the tests' topics set none).
 pub async fn set_topic_config(topic: &str, key: &str, value: &str) {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+    let admin: chatpipe_core::kafka::AdminClient = ClientConfig::new()
         .set("bootstrap.servers", brokers())
-        .create()
+        .create_guarded()
         .expect("Kafka admin client");
     let change = rdkafka::admin::AlterConfig::new(rdkafka::admin::ResourceSpecifier::Topic(topic))
         .set(key, value);
@@ -400,9 +401,9 @@ pub async fn create_topic_with(topic: &str, partitions: i32, config: &[(&str, &s
     for (k, v) in config {
         new_topic = new_topic.set(k, v);
     }
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+    let admin: chatpipe_core::kafka::AdminClient = ClientConfig::new()
         .set("bootstrap.servers", brokers())
-        .create()
+        .create_guarded()
         .expect("Kafka admin client");
     let results = admin
         .create_topics(
@@ -563,9 +564,9 @@ async fn remove_namespace(ns: &str, connector: Option<&str>, slot: Option<&str>)
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+    let admin: chatpipe_core::kafka::AdminClient = ClientConfig::new()
         .set("bootstrap.servers", brokers())
-        .create()
+        .create_guarded()
         .expect("Kafka admin client");
     let metadata = admin
         .inner()
@@ -620,9 +621,9 @@ async fn remove_stale_namespaces() {
                 namespaces.entry(ns).or_default().1 = Some(s);
             }
         }
-        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        let admin: chatpipe_core::kafka::AdminClient = ClientConfig::new()
             .set("bootstrap.servers", brokers())
-            .create()
+            .create_guarded()
             .expect("Kafka admin client");
         if let Ok(metadata) = admin.inner().fetch_metadata(None, Duration::from_secs(10)) {
             for t in metadata.topics() {
@@ -649,9 +650,9 @@ pub async fn produce_raw_to(topic: &str, partition: i32, key: &str, payload: &[u
 }
 
 async fn produce(topic: &str, partition: Option<i32>, key: &str, payload: &[u8]) {
-    let producer: rdkafka::producer::FutureProducer =
+    let producer: chatpipe_core::kafka::FutureProducer =
         chatpipe_core::kafka::producer_config(&brokers())
-            .create()
+            .create_guarded()
             .expect("Kafka producer");
     let mut record = rdkafka::producer::FutureRecord::to(topic)
         .key(key)
@@ -683,11 +684,12 @@ pub fn headers_of(m: &impl Message) -> Vec<(String, String)> {
 
 /// (key, value, headers) of the first `n` records of a topic.
 pub async fn dlq_records(topic: &str, n: usize) -> Vec<(String, Vec<u8>, Vec<(String, String)>)> {
-    use rdkafka::consumer::{Consumer, StreamConsumer};
+    use chatpipe_core::kafka::StreamConsumer;
+    use rdkafka::consumer::Consumer;
     use rdkafka::message::Message;
     let consumer: StreamConsumer =
         chatpipe_core::kafka::consumer_config(&brokers(), &format!("{topic}-check"))
-            .create()
+            .create_guarded()
             .unwrap();
     consumer.subscribe(&[topic]).unwrap();
     let mut out = Vec::new();
@@ -729,9 +731,9 @@ pub async fn close_consumer<C: Send + 'static>(consumer: C, what: &str) {
 /// Partitions of `topic` where `group`'s committed offset is behind the end: (partition,
 /// committed, end).
 pub fn behind(group: &str, topic: &str) -> Vec<(i32, i64, i64)> {
-    let consumer: rdkafka::consumer::BaseConsumer =
+    let consumer: chatpipe_core::kafka::BaseConsumer =
         chatpipe_core::kafka::consumer_config(&brokers(), group)
-            .create()
+            .create_guarded()
             .expect("Kafka consumer");
     let metadata = consumer
         .fetch_metadata(Some(topic), Duration::from_secs(10))

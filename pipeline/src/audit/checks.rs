@@ -18,9 +18,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chatpipe_core::db;
+use chatpipe_core::kafka::{BaseConsumer, CreateGuarded};
 use chatpipe_schemas::{ConversationId, Seq};
 use chrono::{DateTime, Utc};
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::Consumer;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use tokio::time::Instant;
@@ -144,7 +145,7 @@ impl Checker {
         let kafka = settings
             .kafka
             .client()
-            .create()
+            .create_guarded()
             .expect("a Kafka client (kafka.brokers)");
         Self {
             cfg: settings.audit.clone(),

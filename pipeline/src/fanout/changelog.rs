@@ -9,9 +9,10 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use chatpipe_core::kafka::{BaseConsumer, CreateGuarded};
 use chatpipe_schemas::members::{FanoutMembers, FanoutMembersCodec};
 use chatpipe_schemas::ConversationId;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::{Message, Offset, TopicPartitionList};
 
 use super::key_conversation;
@@ -55,7 +56,7 @@ impl Changelog {
         let topic = &self.topic;
         let reader: BaseConsumer = kafka
             .consumer(&format!("{group}-restore"))
-            .create()
+            .create_guarded()
             .context("creating the changelog reader")
             .map_err(Failure::Retriable)?;
         let (low, high) = reader

@@ -7,6 +7,7 @@
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
+use chatpipe_core::kafka::Rebootstrap;
 use rdkafka::producer::{DeliveryResult, ProducerContext};
 use rdkafka::ClientContext;
 
@@ -35,9 +36,14 @@ impl Unacked {
 /// dropped: pushes are best effort, clients catch up over REST.
 pub struct DeliveryReport {
     pub unacked: Arc<Unacked>,
+    pub rebootstrap: Rebootstrap,
 }
 
-impl ClientContext for DeliveryReport {}
+impl ClientContext for DeliveryReport {
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        self.rebootstrap.observe(&statistics);
+    }
+}
 
 impl ProducerContext for DeliveryReport {
     type DeliveryOpaque = usize;

@@ -33,6 +33,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use chatpipe_core::kafka::CreateGuarded;
 use chatpipe_schemas::{ConversationId, UserId};
 use rdkafka::consumer::Consumer;
 use rdkafka::producer::ThreadedProducer;
@@ -145,13 +146,13 @@ fn run_typing(
     let Some((codec, pool)) = started else {
         return Ok(());
     };
-    let producer: rdkafka::producer::BaseProducer = settings
+    let producer: chatpipe_core::kafka::BaseProducer = settings
         .kafka
         .producer()
         .set("linger.ms", "1")
         // A typing list not delivered within its expiry is worth nothing.
         .set("message.timeout.ms", cfg.typing_expiry_ms.to_string())
-        .create()
+        .create_guarded()
         .context("creating the typing producer")?;
     let processor = typing::Typing {
         handle: rt.handle().clone(),
@@ -268,9 +269,9 @@ fn check_copartitioned(
     events: &str,
     changelog: &str,
 ) -> anyhow::Result<()> {
-    let client: rdkafka::consumer::BaseConsumer = kafka
+    let client: chatpipe_core::kafka::BaseConsumer = kafka
         .client()
-        .create()
+        .create_guarded()
         .context("creating a metadata client")?;
     let count = |topic: &str| -> anyhow::Result<usize> {
         let metadata = client
@@ -325,18 +326,17 @@ fn run_events(
         std::thread::sleep(Duration::from_millis(20));
     }
     let unacked = Arc::new(Unacked::default());
-    let producer: ThreadedProducer<DeliveryReport> = settings
-        .kafka
-        .producer()
-        .set("linger.ms", "1")
-        .set(
+    let producer: ThreadedProducer<DeliveryReport> = chatpipe_core::kafka::create_with(
+        settings.kafka.producer().set("linger.ms", "1").set(
             "queue.buffering.max.messages",
             cfg.produce_queue_max.to_string(),
-        )
-        .create_with_context(DeliveryReport {
+        ),
+        |rebootstrap| DeliveryReport {
             unacked: unacked.clone(),
-        })
-        .context("creating the deliveries producer")?;
+            rebootstrap,
+        },
+    )
+    .context("creating the deliveries producer")?;
     let fanout = Fanout {
         handle: rt.handle().clone(),
         schemas: WriterSchemas::new(registry.clone(), rt.handle().clone()),

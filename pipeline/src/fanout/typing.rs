@@ -17,10 +17,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use chatpipe_core::kafka::BaseProducer;
 use chatpipe_schemas::delivery::{Delivery, DeliveryCodec};
 use chatpipe_schemas::ephemeral::{Ephemeral, TYPING};
 use chatpipe_schemas::{ConversationId, UserId};
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::producer::{BaseRecord, Producer};
 use sqlx::PgPool;
 use tokio::runtime::Handle;
 

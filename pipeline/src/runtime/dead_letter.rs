@@ -1,8 +1,9 @@
 //! The dead-letter topic: a copy of a bad record with the error and its origin in
 //! headers (`error`, `source.topic`, `source.partition`, `source.offset`).
 
+use chatpipe_core::kafka::FutureProducer;
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 use rdkafka::Message;
 
 /// Copies `message` to `dlq_topic` and waits for the broker's ack (bounded by the

@@ -25,10 +25,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use chatpipe_core::kafka::{CreateGuarded, FutureProducer};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::OwnedMessage;
-use rdkafka::producer::FutureProducer;
 use rdkafka::{ClientConfig, ClientContext, Message, Offset, TopicPartitionList};
 
 use super::health::ReaderHealth;
@@ -251,12 +251,16 @@ fn waiting(p: &rdkafka::statistics::Partition) -> Option<i64> {
 
 pub struct ReaderContext<P> {
     shared: Arc<Shared<P>>,
+    rebootstrap: chatpipe_core::kafka::Rebootstrap,
 }
 
 impl<P: Processor> ClientContext for ReaderContext<P> {
     /// Lag per partition from librdkafka's statistics: the end of the partition (last
-    /// stable offset) minus the reader's position. No broker round trip.
+    /// stable offset) minus the reader's position. No broker round trip. And a consumer
+    /// left without a broker gets its bootstrap servers again (see
+    /// [`chatpipe_core::kafka::rebootstrap`]).
     fn stats(&self, statistics: rdkafka::Statistics) {
+        self.rebootstrap.observe(&statistics);
         let spec = &self.shared.spec;
         let Some(topic) = statistics.topics.get(&spec.topic) else {
             return;
@@ -586,9 +590,10 @@ impl<P: Processor> Reader<P> {
             revoked: Mutex::default(),
             leaderless: Mutex::default(),
         });
-        let consumer: BaseConsumer<ReaderContext<P>> = config
-            .create_with_context(ReaderContext {
+        let consumer: BaseConsumer<ReaderContext<P>> =
+            chatpipe_core::kafka::create_with(&config, |rebootstrap| ReaderContext {
                 shared: shared.clone(),
+                rebootstrap,
             })
             .with_context(|| format!("creating the consumer of {}", shared.spec.topic))?;
         // It reaches the cluster the way the consumer does (TLS, SASL).
@@ -600,7 +605,7 @@ impl<P: Processor> Reader<P> {
             "message.timeout.ms",
             shared.spec.settings.dead_letter_timeout_ms.to_string(),
         )
-        .create()
+        .create_guarded()
         .context("creating the dead-letter producer")?;
         let backoff = Backoff::new(&shared.spec.settings);
         let spec_fetch_check = shared.spec.settings.fetch_check();

@@ -1,13 +1,15 @@
 //! The drill's own reader of chat.events: what reached the topic, from the drill's start.
 
+use chatpipe_core::kafka::CreateGuarded;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use chatpipe_core::kafka::BaseConsumer;
 use chatpipe_schemas::registry::{EventDecoder, Registry};
 use chatpipe_schemas::ChatEvent;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::{Message, Offset, TopicPartitionList};
 
 /// What the topic carried of the drill's conversations.
@@ -66,7 +68,7 @@ pub fn follow(
     let consumer: BaseConsumer = chatpipe_core::kafka::client_config(brokers)
         .set("group.id", "chatpipe-drill-reader")
         .set("enable.auto.commit", "false")
-        .create()
+        .create_guarded()
         .expect("Kafka consumer");
     let metadata = consumer
         .fetch_metadata(Some(topic), Duration::from_secs(10))

@@ -1,22 +1,37 @@
-//! Kafka client settings every chatpipe producer and consumer starts from.
+//! Kafka client settings every chatpipe producer and consumer starts from, and the one
+//! way to make a client ([`create`]), which keeps it from losing every broker
+//! ([`rebootstrap`]).
 
 use rdkafka::ClientConfig;
 
+pub mod rebootstrap;
+
+pub use rebootstrap::{create, create_with, CreateGuarded, Guarded, NativeClient, Rebootstrap};
+
+/// The producer most of our code sends with (records awaited one by one), guarded.
+pub type FutureProducer = rdkafka::producer::FutureProducer<Guarded>;
+/// A producer polled by its owner (delivery reports in the owner's loop), guarded.
+pub type BaseProducer = rdkafka::producer::BaseProducer<Guarded>;
+/// A consumer polled by its owner, guarded.
+pub type BaseConsumer = rdkafka::consumer::BaseConsumer<Guarded>;
+/// An admin client (topics, configs), guarded.
+pub type AdminClient = rdkafka::admin::AdminClient<Guarded>;
+/// A consumer read as a stream (tail, tests), guarded.
+pub type StreamConsumer = rdkafka::consumer::StreamConsumer<Guarded>;
+
 /// How long a client may go without metadata from any broker before it starts again from
-/// `bootstrap.servers` (librdkafka's `metadata.recovery.rebootstrap.trigger.ms`; its
-/// default is five minutes). Seen in the broker-restart test: after the broker came back,
-/// one reader's metadata requests failed with a transport error for over 40 s while the
-/// broker served every other client, and its partition stayed unknown to it.
+/// `bootstrap.servers` (librdkafka's `metadata.recovery.rebootstrap.trigger.ms`, KIP-1102;
+/// its default is five minutes). It does not rescue a client that a broker-less metadata
+/// response stranded (that response counts as metadata and stops this timer): that is
+/// [`rebootstrap`]'s work.
 const REBOOTSTRAP_AFTER_MS: &str = "10000";
 
 /// How long a connection to a broker may take to become usable (TCP, TLS, SASL and the
 /// ApiVersion exchange) before librdkafka drops it and tries again
-/// (`socket.connection.setup.timeout.ms`; its default is 30 s). Seen in the
-/// broker-restart test (2026-12-01, once in a full run, not again alone): the broker was
-/// ready 4 s after its restart and served new clients at once, but the fanout and
-/// receipts consumers, whose reconnects had begun while it was starting, failed every
-/// metadata request for 33 s and 58 s. A connection opened while the broker starts can
-/// be accepted and then never answered; with this bound it is retried within seconds.
+/// (`socket.connection.setup.timeout.ms`; its default is 30 s). A broker that is
+/// starting, or stopped (SIGSTOP), accepts connections and does not answer them: seen as
+/// "Connection setup timed out in state APIVERSION_QUERY" in the broker tests. With this
+/// bound a client tries again within seconds of the broker serving.
 const CONNECTION_SETUP_MS: &str = "5000";
 
 /// What every client of ours starts from.
