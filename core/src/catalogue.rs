@@ -101,6 +101,9 @@ pub const METRICS: &[Entry] = &[
     ("audit_connector_restarts_total", Counter, "Restarts of a FAILED connector or task the auditor asked of Connect, by outcome (accepted, refused, unreachable)."),
     ("audit_probe_ok", Gauge, "1 while a probed /readyz answers 2xx, by target."),
     ("audit_dead_letters", Gauge, "End offset of each dead-letter topic, by topic."),
+    ("audit_under_replicated_partitions", Gauge, "Partitions of audit.replicated_topics with fewer in-sync replicas than replicas."),
+    ("audit_offline_partitions", Gauge, "Partitions of audit.replicated_topics without a leader."),
+    ("audit_connector_task_moves", Gauge, "Times the connector's task changed Connect workers within audit.task_moves_window_ms."),
     // gateway.
     ("gateway_connections", Gauge, "WebSocket connections open."),
     ("gateway_auth_refusals_total", Counter, "WebSocket upgrades refused for a missing, bad or expired token."),

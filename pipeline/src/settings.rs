@@ -100,6 +100,11 @@ pub struct AuditSettings {
     pub probe_timeout_ms: u64,
     pub probe_alert_ms: u64,
     pub dead_letter_topics: Vec<String>,
+    pub replicated_topics: Vec<String>,
+    pub under_replicated_alert_ms: u64,
+    pub offline_alert_ms: u64,
+    pub task_moves_alert: usize,
+    pub task_moves_window_ms: u64,
     pub event_alarm_ms: u64,
     pub recent: usize,
 }

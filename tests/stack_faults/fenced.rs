@@ -201,23 +201,20 @@ async fn a_fenced_broker_that_lists_no_brokers_strands_no_client_of_ours() {
             attempt <= ATTEMPTS,
             "no guarded client got a broker-less metadata answer from its learned broker in {ATTEMPTS} stalls of {STALL:?}: the test did not exercise the defect"
         );
-        // Every client has learned the broker before the stall.
+        // Every guarded client has a broker before the stall. A plain one may not (the
+        // first stall strands it for good before the control is read below, or a
+        // later answer does): it is the defect, and it is reported, not waited for.
         let ready = Instant::now();
         guarded.iter().chain(&plain).for_each(Asker::watch);
-        while guarded
-            .iter()
-            .chain(&plain)
-            .any(|a| a.recovered().is_none())
-        {
+        while guarded.iter().any(|a| a.recovered().is_none()) {
             let waiting: Vec<&str> = guarded
                 .iter()
-                .chain(&plain)
                 .filter(|a| a.recovered().is_none())
                 .map(|a| a.name.as_str())
                 .collect();
             assert!(
                 ready.elapsed() < RECOVERY,
-                "every client reached the broker before stall {attempt}; not: {waiting:?}"
+                "every guarded client reached the broker before stall {attempt}; not: {waiting:?}"
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

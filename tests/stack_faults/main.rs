@@ -9,42 +9,13 @@ mod postgres;
 mod registry;
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use chatpipe_schemas::ChatEvent;
+use chatpipe_tests::stack::{component_pid as stack_pid, repo_root};
+pub use chatpipe_tests::stack::{one_fault_at_a_time, run_stack as stack, signal};
 use chatpipe_tests::stream::{spawn_pipeline, wait_until_streaming, Record};
 use serde_json::json;
-
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_owned()
-}
-
-/// Faults hit the whole shared stack: one test at a time.
-pub async fn one_fault_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
-    static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    TURN.lock().await
-}
-
-/// Runs `scripts/stack ARGS` (start, restart, down a component) and fails the test if it
-/// fails.
-pub async fn stack(args: &[&str]) {
-    let started = Instant::now();
-    let status = tokio::process::Command::new(repo_root().join("scripts/stack"))
-        .args(args)
-        .status()
-        .await
-        .expect("scripts/stack runs");
-    assert!(status.success(), "scripts/stack {args:?} failed");
-    eprintln!(
-        "scripts/stack {} took {:.1} s",
-        args.join(" "),
-        started.elapsed().as_secs_f64()
-    );
-}
 
 /// Starts `component` again if the test panics before it did: a failed fault test must
 /// not leave the shared stack broken for the next one.
@@ -62,33 +33,6 @@ impl Drop for StartOnPanic {
 
 fn connect_pid() -> i32 {
     stack_pid("connect")
-}
-
-/// Sends `sig` (`-STOP`, `-CONT`, `-9`) to `pid`.
-pub fn signal(sig: &str, pid: i32) {
-    let status = std::process::Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill {sig} {pid}");
-}
-
-/// The pid of a component `scripts/stack` started.
-pub fn stack_pid(component: &str) -> i32 {
-    let home = std::env::var("STACK_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| repo_root().join(".stack"));
-    let file = home.join(format!("run/{component}.pid"));
-    std::fs::read_to_string(&file)
-        .unwrap_or_else(|e| {
-            panic!(
-                "{}: {e}; is the stack up (scripts/stack up)?",
-                file.display()
-            )
-        })
-        .trim()
-        .parse()
-        .expect("a pid")
 }
 
 pub fn messages(records: &[Record]) -> Vec<(i64, i64)> {

@@ -266,3 +266,61 @@ mod containers {
         })
     }
 }
+
+/// The repository's root (where `scripts/stack` lives).
+pub fn repo_root() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_owned()
+}
+
+/// The pid of a component `scripts/stack` started (`kafka`, `connect`, `kafka-2`, …).
+pub fn component_pid(component: &str) -> i32 {
+    let home = std::env::var("STACK_HOME")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| repo_root().join(".stack"));
+    let file = home.join(format!("run/{component}.pid"));
+    std::fs::read_to_string(&file)
+        .unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}; is the stack up (scripts/stack up, or up --cluster)?",
+                file.display()
+            )
+        })
+        .trim()
+        .parse()
+        .expect("a pid")
+}
+
+/// Sends `sig` (`-STOP`, `-CONT`, `-9`) to `pid`.
+pub fn signal(sig: &str, pid: i32) {
+    let status = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill {sig} {pid}");
+}
+
+/// Runs `scripts/stack ARGS` (start, restart, down a component) and fails the test if it
+/// fails; says how long it took.
+pub async fn run_stack(args: &[&str]) {
+    let started = std::time::Instant::now();
+    let status = tokio::process::Command::new(repo_root().join("scripts/stack"))
+        .args(args)
+        .status()
+        .await
+        .expect("scripts/stack runs");
+    assert!(status.success(), "scripts/stack {args:?} failed");
+    eprintln!(
+        "scripts/stack {} took {:.1} s",
+        args.join(" "),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// Faults hit the whole shared stack: one test of a binary at a time.
+pub async fn one_fault_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
+    static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    TURN.lock().await
+}

@@ -396,10 +396,32 @@ pub async fn set_topic_config(topic: &str, key: &str, value: &str) {
     }
 }
 
+/// How many brokers `KAFKA_BROKERS` has: 1 on the single-node stack, 3 on the cluster.
+pub fn broker_count() -> usize {
+    static COUNT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *COUNT.get_or_init(|| {
+        let probe: chatpipe_core::kafka::BaseConsumer =
+            chatpipe_core::kafka::client_config(&brokers())
+                .create_guarded()
+                .expect("Kafka client");
+        probe
+            .fetch_metadata(None, Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("Kafka is not reachable at {}: {e}", brokers()))
+            .brokers()
+            .len()
+    })
+}
+
+/// Creates a topic as `scripts/stack` would on this Kafka: replication factor 1 on one
+/// broker; on the cluster 3, with min.insync.replicas 2 unless `config` says otherwise.
 pub async fn create_topic_with(topic: &str, partitions: i32, config: &[(&str, &str)]) {
-    let mut new_topic = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    let replicas = broker_count().min(3) as i32;
+    let mut new_topic = NewTopic::new(topic, partitions, TopicReplication::Fixed(replicas));
     for (k, v) in config {
         new_topic = new_topic.set(k, v);
+    }
+    if replicas == 3 && !config.iter().any(|(k, _)| *k == "min.insync.replicas") {
+        new_topic = new_topic.set("min.insync.replicas", "2");
     }
     let admin: chatpipe_core::kafka::AdminClient = ClientConfig::new()
         .set("bootstrap.servers", brokers())

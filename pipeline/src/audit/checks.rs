@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use tokio::time::Instant;
 
+use super::cluster::{Replication, TaskMoves};
 use super::keeper::{Action, Keeper, KeeperReport};
 use super::{alarm, Audit};
 use crate::runtime::ReaderHealth;
@@ -43,6 +44,8 @@ pub struct Latest {
     pub probes: Vec<Probe>,
     /// End offset (records ever written) of each dead-letter topic.
     pub dead_letters: BTreeMap<String, i64>,
+    /// The watched topics' partitions; `None`: the cluster did not answer.
+    pub replication: Option<Replication>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -84,6 +87,10 @@ pub struct Connector {
     /// The first line of a FAILED one's error (Connect's `trace`).
     pub error: Option<String>,
     pub keeper: KeeperReport,
+    /// The worker running the first task (`host:port`), when it runs.
+    pub worker: Option<String>,
+    /// How often the task changed workers within `audit.task_moves_window_ms`.
+    pub task_moves: usize,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -107,6 +114,8 @@ struct ConnectStatus {
 #[derive(Deserialize)]
 struct ConnectState {
     state: String,
+    #[serde(default)]
+    worker_id: Option<String>,
     /// The stack trace of a FAILED one.
     #[serde(default)]
     trace: Option<String>,
@@ -133,6 +142,7 @@ pub struct Checker {
     probe_failing_since: HashMap<String, Instant>,
     dead_letter_ends: HashMap<String, i64>,
     keeper: Keeper,
+    task_moves: TaskMoves,
 }
 
 impl Checker {
@@ -166,6 +176,7 @@ impl Checker {
                 Duration::from_millis(settings.audit.connector_restart_backoff_ms),
                 Duration::from_millis(settings.audit.connector_restart_max_backoff_ms),
             ),
+            task_moves: TaskMoves::default(),
         }
     }
 
@@ -187,12 +198,13 @@ impl Checker {
     pub async fn check(&mut self) {
         let now = Instant::now();
         // Concurrently: one that waits for a timeout does not delay the others.
-        let (cdc, slot, connector, answers, dead_letters) = tokio::join!(
+        let (cdc, slot, connector, answers, dead_letters, replication) = tokio::join!(
             self.cdc_read(),
             self.slot(),
             self.connector(),
             self.probe_answers(),
-            self.dead_letters()
+            self.dead_letters(),
+            self.replication()
         );
         let cdc = cdc.and_then(|read| self.cdc(read, now));
         let probes = self.probes(answers, now);
@@ -212,6 +224,10 @@ impl Checker {
             Action::Nothing => None,
         };
         connector.keeper = self.keeper.report();
+        let window = Duration::from_millis(self.cfg.task_moves_window_ms);
+        connector.task_moves = self
+            .task_moves
+            .observe(connector.worker.as_deref(), window, now);
 
         let cfg = &self.cfg;
         let mut state = self.audit.state();
@@ -288,6 +304,48 @@ impl Checker {
             alarms.event(alarm::CONNECTOR_RESTARTED, detail, now);
         }
 
+        alarms.condition(
+            alarm::CONNECTOR_TASK_MOVING,
+            connector.task_moves > cfg.task_moves_alert,
+            Duration::ZERO,
+            format!(
+                "the task of connector {} moved between workers {} times in {} s (now on {})",
+                connector.name,
+                connector.task_moves,
+                cfg.task_moves_window_ms / 1000,
+                connector.worker.as_deref().unwrap_or("none")
+            ),
+            now,
+        );
+        metrics::gauge!("audit_connector_task_moves").set(connector.task_moves as f64);
+        if let Some(r) = &replication {
+            alarms.condition(
+                alarm::UNDER_REPLICATED,
+                !r.under_replicated.is_empty(),
+                Duration::from_millis(cfg.under_replicated_alert_ms),
+                format!(
+                    "{} partitions under-replicated: {}",
+                    r.under_replicated.len(),
+                    r.under_replicated.join(", ")
+                ),
+                now,
+            );
+            alarms.condition(
+                alarm::OFFLINE_PARTITIONS,
+                !r.offline.is_empty(),
+                Duration::from_millis(cfg.offline_alert_ms),
+                format!(
+                    "{} partitions without a leader: {}",
+                    r.offline.len(),
+                    r.offline.join(", ")
+                ),
+                now,
+            );
+            metrics::gauge!("audit_under_replicated_partitions")
+                .set(r.under_replicated.len() as f64);
+            metrics::gauge!("audit_offline_partitions").set(r.offline.len() as f64);
+        }
+
         let probe_alert = Duration::from_millis(cfg.probe_alert_ms);
         let failing: Vec<String> = probes
             .iter()
@@ -323,6 +381,7 @@ impl Checker {
             connector: Some(connector),
             probes,
             dead_letters,
+            replication,
         };
     }
 
@@ -447,6 +506,8 @@ impl Checker {
             failed: false,
             error: None,
             keeper: KeeperReport::default(),
+            worker: None,
+            task_moves: 0,
         };
         let response = match self.http.get(&url).send().await {
             Ok(r) => r,
@@ -465,6 +526,11 @@ impl Checker {
                     .iter()
                     .find_map(|c| c.trace.as_deref().and_then(first_and_root_cause));
                 let failed = !failed.is_empty();
+                let worker = s
+                    .tasks
+                    .first()
+                    .filter(|t| t.state == "RUNNING")
+                    .and_then(|t| t.worker_id.clone());
                 let tasks: Vec<String> = s.tasks.into_iter().map(|t| t.state).collect();
                 Connector {
                     name: self.cfg.connector.clone(),
@@ -476,6 +542,8 @@ impl Checker {
                     failed,
                     error,
                     keeper: KeeperReport::default(),
+                    worker,
+                    task_moves: 0,
                 }
             }
             Err(e) => not_running(format!("unreadable status: {e}")),
@@ -545,6 +613,17 @@ impl Checker {
             });
         }
         out
+    }
+
+    /// The watched topics' partitions from the cluster's metadata.
+    async fn replication(&self) -> Option<Replication> {
+        let (kafka, topics) = (self.kafka.clone(), self.cfg.replicated_topics.clone());
+        tokio::task::spawn_blocking(move || {
+            super::cluster::read(&kafka, &topics, Duration::from_secs(5))
+        })
+        .await
+        .ok()
+        .flatten()
     }
 
     /// End offsets of the dead-letter topics that exist.

@@ -17,6 +17,7 @@
 
 pub mod alarms;
 pub mod checks;
+pub mod cluster;
 pub mod keeper;
 pub mod ledger;
 pub mod report;
@@ -51,6 +52,9 @@ pub mod alarm {
     pub const POSTGRES_UNREACHABLE: &str = "postgres_unreachable";
     pub const PROBE_FAILING: &str = "probe_failing";
     pub const DEAD_LETTERS: &str = "dead_letters";
+    pub const UNDER_REPLICATED: &str = "under_replicated_partitions";
+    pub const OFFLINE_PARTITIONS: &str = "offline_partitions";
+    pub const CONNECTOR_TASK_MOVING: &str = "connector_task_moving";
 }
 
 /// What the events reader has counted since the auditor started.
