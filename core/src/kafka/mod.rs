@@ -34,6 +34,14 @@ const REBOOTSTRAP_AFTER_MS: &str = "10000";
 /// bound a client tries again within seconds of the broker serving.
 const CONNECTION_SETUP_MS: &str = "5000";
 
+/// How long a request may wait for its answer before librdkafka fails it and tries again
+/// on a new connection (`socket.timeout.ms`; its default is 60 s). Seen after a 90 s
+/// broker stall (2026-12-01, a full run): a FindCoordinator request sent 2 s after the
+/// broker resumed was never answered and timed out after 60 s, and with it the group's
+/// coordinator, so the member could not rejoin for a minute. A broker here answers in
+/// milliseconds; 15 s leaves room for a loaded machine and bounds such a request.
+const REQUEST_TIMEOUT_MS: &str = "15000";
+
 /// What every client of ours starts from.
 fn base(brokers: &str) -> ClientConfig {
     let mut config = ClientConfig::new();
@@ -43,7 +51,8 @@ fn base(brokers: &str) -> ClientConfig {
             "metadata.recovery.rebootstrap.trigger.ms",
             REBOOTSTRAP_AFTER_MS,
         )
-        .set("socket.connection.setup.timeout.ms", CONNECTION_SETUP_MS);
+        .set("socket.connection.setup.timeout.ms", CONNECTION_SETUP_MS)
+        .set("socket.timeout.ms", REQUEST_TIMEOUT_MS);
     config
 }
 

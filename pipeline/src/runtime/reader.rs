@@ -290,7 +290,15 @@ impl<P: Processor> ConsumerContext for ReaderContext<P> {
             return;
         };
         let partitions: Vec<i32> = revoked.elements().iter().map(|e| e.partition()).collect();
-        tracing::info!(reader = %self.shared.spec.name, ?partitions, "partitions revoked: finishing them first");
+        // Lost, not handed over: the group fenced this member (its session expired, as
+        // in a broker stall longer than it) and may have given the partitions to
+        // another. Nothing can be committed for them any more, and a synchronous commit
+        // would wait for a coordinator that refuses this member, inside the callback
+        // that must return before the member can rejoin: seen as a fanout reader that
+        // did not poll for over 30 s after a 90 s stall. The records are read again
+        // from the last commit (at-least-once; consumers dedupe).
+        let lost = consumer.assignment_lost();
+        tracing::info!(reader = %self.shared.spec.name, ?partitions, lost, "partitions revoked: finishing them first");
         self.shared.health.revoked(&partitions);
         let released = {
             let mut processor = self.shared.processor();
@@ -304,7 +312,9 @@ impl<P: Processor> ConsumerContext for ReaderContext<P> {
             offsets.forget(&partitions);
             pending
         };
-        if !pending.is_empty() {
+        if lost && !pending.is_empty() {
+            tracing::info!(reader = %self.shared.spec.name, ?partitions, "partitions lost: their offsets are not committed; the next owner reads from the last commit");
+        } else if !pending.is_empty() {
             match offset_list(&self.shared.spec.topic, &pending)
                 .and_then(|tpl| consumer.commit(&tpl, CommitMode::Sync))
             {
