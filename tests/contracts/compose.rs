@@ -11,9 +11,38 @@ use serde_yaml_ng::Value;
 use crate::repo_root;
 
 fn compose() -> Value {
-    let text = std::fs::read_to_string(repo_root().join("docker-compose.yml")).unwrap();
-    let mut doc: Value = serde_yaml_ng::from_str(&text).expect("docker-compose.yml is YAML");
-    doc.apply_merge().expect("its merge keys resolve");
+    load("docker-compose.yml")
+}
+
+fn load(file: &str) -> Value {
+    let text = std::fs::read_to_string(repo_root().join(file)).unwrap();
+    let mut doc: Value =
+        serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{file} is YAML: {e}"));
+    doc.apply_merge()
+        .unwrap_or_else(|e| panic!("{file}: its merge keys resolve: {e}"));
+    doc
+}
+
+/// `docker compose -f docker-compose.yml -f docker-compose.cluster.yml`, as compose merges
+/// them: mappings key by key, anything else replaced by the override.
+fn cluster_compose() -> Value {
+    fn merge(base: &mut Value, over: &Value) {
+        match (base, over) {
+            (Value::Mapping(b), Value::Mapping(o)) => {
+                for (k, v) in o {
+                    match b.get_mut(k) {
+                        Some(existing) => merge(existing, v),
+                        None => {
+                            b.insert(k.clone(), v.clone());
+                        }
+                    }
+                }
+            }
+            (b, o) => *b = o.clone(),
+        }
+    }
+    let mut doc = compose();
+    merge(&mut doc, &load("docker-compose.cluster.yml"));
     doc
 }
 
@@ -211,4 +240,81 @@ fn registry_storage_persists_kafka_has_a_host_listener_and_one_database_name_is_
             ".dockerignore lacks {path}"
         );
     }
+}
+
+#[test]
+fn the_cluster_override_runs_three_brokers_two_workers_and_replicates_every_durable_topic() {
+    let doc = cluster_compose();
+    let services = &doc["services"];
+    let nodes = ["kafka", "kafka-2", "kafka-3"];
+    let mut ids = Vec::new();
+    for node in nodes {
+        let env = environment(&services[node]);
+        ids.push(env["KAFKA_NODE_ID"].clone());
+        assert_eq!(
+            env["KAFKA_CONTROLLER_QUORUM_VOTERS"], "1@kafka:9093,2@kafka-2:9093,3@kafka-3:9093",
+            "{node}: one quorum of the three"
+        );
+        for (key, want) in [
+            ("KAFKA_DEFAULT_REPLICATION_FACTOR", "3"),
+            ("KAFKA_MIN_INSYNC_REPLICAS", "2"),
+            ("KAFKA_UNCLEAN_LEADER_ELECTION_ENABLE", "false"),
+            ("KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR", "3"),
+            ("KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR", "3"),
+            ("KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", "2"),
+        ] {
+            assert_eq!(env[key], want, "{node}: {key}");
+        }
+        assert!(
+            env["KAFKA_ADVERTISED_LISTENERS"].contains(&format!("INTERNAL://{node}:19092")),
+            "{node} advertises itself"
+        );
+    }
+    assert_eq!(ids, ["1", "2", "3"]);
+    let topics = serde_yaml_ng::to_string(&services["topics"]["command"]).unwrap();
+    assert!(
+        topics.contains("--replication-factor 3 --config min.insync.replicas=2"),
+        "durable topics on three brokers: {topics}"
+    );
+    assert!(
+        topics.contains(
+            "--replication-factor 2 --config min.insync.replicas=1 --topic chat.ephemeral"
+        ),
+        "chat.ephemeral lighter: {topics}"
+    );
+    for worker in ["connect", "connect-2"] {
+        let env = environment(&services[worker]);
+        assert_eq!(env["GROUP_ID"], "chatpipe-connect", "{worker}: one group");
+        assert_eq!(
+            env["BOOTSTRAP_SERVERS"],
+            "kafka:19092,kafka-2:19092,kafka-3:19092"
+        );
+        for key in [
+            "CONNECT_CONFIG_STORAGE_REPLICATION_FACTOR",
+            "CONNECT_OFFSET_STORAGE_REPLICATION_FACTOR",
+            "CONNECT_STATUS_STORAGE_REPLICATION_FACTOR",
+        ] {
+            assert_eq!(env[key], "3", "{worker}: {key}");
+        }
+        assert_eq!(
+            env["CONNECT_SCHEDULED_REBALANCE_MAX_DELAY_MS"], "15000",
+            "{worker}"
+        );
+    }
+    // Our services (built from the Dockerfile) but the migration, which has no Kafka.
+    let mut ours = 0;
+    for (name, service) in services.as_mapping().unwrap() {
+        if service.get("build").is_none() || name.as_str() == Some("migrate") {
+            continue;
+        }
+        assert_eq!(
+            environment(service)
+                .get("KAFKA_BROKERS")
+                .map(String::as_str),
+            Some("kafka:19092,kafka-2:19092,kafka-3:19092"),
+            "{name:?} is told all three brokers"
+        );
+        ours += 1;
+    }
+    assert!(ours >= 6, "{ours} of our services checked");
 }
