@@ -1,7 +1,9 @@
 //! `drill`: the full fault drill (`scripts/drill` builds the services and runs this).
 //! Two of every service of ours, load for the whole drill, every fault in turn, and the
 //! audit of what was lost after each; a table on stderr, JSON in `--out`, and a non-zero
-//! exit when anything was lost.
+//! exit when anything was lost, a gateway with connected clients pushed less than 90% of
+//! its members' messages after the recovery time, or a service was still not ready at
+//! the end of a row's settle time.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -22,6 +24,9 @@ struct Args {
     /// Seconds of load after each fault before it is audited.
     #[arg(long, default_value_t = 60)]
     settle_secs: u64,
+    /// Seconds after a fault ends before each gateway must push 90% again.
+    #[arg(long, default_value_t = 30)]
+    push_recovery_secs: u64,
     /// WebSocket clients (one user each).
     #[arg(long, default_value_t = 1000)]
     clients: usize,
@@ -58,6 +63,7 @@ async fn main() -> anyhow::Result<()> {
     let rows = run(Config {
         faults,
         settle: Duration::from_secs(args.settle_secs),
+        push_recovery: Duration::from_secs(args.push_recovery_secs),
         users: args.clients,
         conversations: args.conversations,
         send_rate: args.send_rate,
@@ -72,9 +78,13 @@ async fn main() -> anyhow::Result<()> {
         repo,
     })
     .await;
-    let lost: u64 = rows.iter().map(|r| r.lost()).sum();
-    if lost > 0 {
-        anyhow::bail!("the drill lost {lost} (see the table)");
+    let failed: Vec<String> = rows
+        .iter()
+        .filter(|r| !r.failures().is_empty())
+        .map(|r| format!("{}: {}", r.fault, r.failures().join("; ")))
+        .collect();
+    if !failed.is_empty() {
+        anyhow::bail!("the drill failed (see the table): {}", failed.join(" | "));
     }
     Ok(())
 }

@@ -13,7 +13,7 @@ use rdkafka::consumer::Consumer;
 
 use crate::{
     every_acknowledged_on_the_topic, kill, one_fault_at_a_time, require_cluster, stack, Sender,
-    StartAgain, RECOVERY,
+    StartOnPanic, RECOVERY,
 };
 
 /// The node id of the leader of `topic`'s `partition`, and the ids of its in-sync
@@ -103,7 +103,7 @@ async fn the_leader_of_chat_events_partition_0_killed_under_load_loses_nothing_a
         )
         .await;
     let node = format!("kafka-{leader}");
-    let _again = StartAgain(node.clone());
+    let _again = StartOnPanic::new(node.clone());
     let before = sender.seqs().into_iter().max().unwrap_or(0);
     let pid = kill(&node);
     let killed = Instant::now();

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::{
     every_acknowledged_on_the_topic, kill, one_fault_at_a_time, require_cluster, stack, Sender,
-    StartAgain, RECOVERY,
+    StartOnPanic, RECOVERY,
 };
 
 /// Every worker's REST URL, in the order of their names (connect-1, connect-2):
@@ -95,7 +95,7 @@ async fn the_connect_worker_running_the_task_killed_the_task_moves_and_every_com
             r["checks"]["connector"]["worker"] == worker.as_str()
         })
         .await;
-    let _again = StartAgain(victim.clone());
+    let _again = StartOnPanic::new(victim.clone());
     let before = sender.seqs().len();
     let pid = kill(&victim);
     let killed = Instant::now();

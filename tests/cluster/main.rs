@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chatpipe_schemas::ChatEvent;
-use chatpipe_tests::stack::{component_pid, repo_root};
-pub use chatpipe_tests::stack::{one_fault_at_a_time, run_stack as stack};
+use chatpipe_tests::stack::component_pid;
+pub use chatpipe_tests::stack::{one_fault_at_a_time, run_stack as stack, StartOnPanic};
 use chatpipe_tests::stream::{broker_count, brokers, Pipeline, Record};
 
 /// What the issue allows for pushes to come back, and for the connector's task to move.
@@ -36,17 +36,6 @@ pub fn kill(component: &str) -> i32 {
     let pid = component_pid(component);
     chatpipe_tests::stack::signal("-9", pid);
     pid
-}
-
-/// Starts `component` again when dropped: a failed test leaves the cluster whole.
-pub struct StartAgain(pub String);
-
-impl Drop for StartAgain {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new(repo_root().join("scripts/stack"))
-            .args(["start", &self.0])
-            .status();
-    }
 }
 
 /// Messages sent one after another by `sender` into `conversation` until stopped; the

@@ -1,4 +1,4 @@
-//! The short fault drill (three faults, 30 s of load after each), as CI runs it: two of
+//! The short fault drill (three faults, 40 s of load after each), as CI runs it: two of
 //! every service of ours on the real stack, 200 WebSocket clients, and nothing lost.
 //! Its own test binary: the faults hit the shared stack. The full drill is
 //! `scripts/drill`.
@@ -25,7 +25,10 @@ async fn a_short_drill_of_three_faults_under_load_loses_nothing() {
         .to_owned();
     let rows = run(Config {
         faults: Fault::SHORT.to_vec(),
-        settle: Duration::from_secs(30),
+        settle: Duration::from_secs(40),
+        // Pushes are back 25 s after a fault ends (the broker tests saw at most 16 s),
+        // and counted per gateway over the next 10 s (the settle's last 5 are in flight).
+        push_recovery: Duration::from_secs(25),
         users: 200,
         conversations: 40,
         send_rate: 20,
@@ -50,7 +53,12 @@ async fn a_short_drill_of_three_faults_under_load_loses_nothing() {
         "warm-up, each fault, the end"
     );
     for r in &rows {
-        assert_eq!(r.lost(), 0, "lost in {}: {r:#?}", r.fault);
+        assert!(
+            r.failures().is_empty(),
+            "{} failed: {:?}; {r:#?}",
+            r.fault,
+            r.failures()
+        );
         assert!(
             r.acked_in_phase > 0 || r.fault.starts_with("end"),
             "no sends acknowledged in {}",

@@ -122,7 +122,7 @@ async fn broker_fault(fault: Fault) {
         .until(Duration::from_secs(20), is_message(conversation, first))
         .await;
 
-    let _restart = StartOnPanic("kafka");
+    let _restart = StartOnPanic::new("kafka");
     // PostgreSQL alone acknowledges sends: they are committed with their outbox rows.
     let send_during = || async {
         let mut during = Vec::new();

@@ -191,7 +191,7 @@ async fn a_fenced_broker_that_lists_no_brokers_strands_no_client_of_ours() {
             &stop,
         ));
     }
-    let _restart = StartOnPanic("kafka");
+    let _restart = StartOnPanic::new("kafka");
     let pid = stack_pid("kafka");
     let mut stranded_plain = 0;
     let mut attempt = 0;

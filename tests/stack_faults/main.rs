@@ -12,24 +12,10 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use chatpipe_schemas::ChatEvent;
-use chatpipe_tests::stack::{component_pid as stack_pid, repo_root};
-pub use chatpipe_tests::stack::{one_fault_at_a_time, run_stack as stack, signal};
+use chatpipe_tests::stack::component_pid as stack_pid;
+pub use chatpipe_tests::stack::{one_fault_at_a_time, run_stack as stack, signal, StartOnPanic};
 use chatpipe_tests::stream::{spawn_pipeline, wait_until_streaming, Record};
 use serde_json::json;
-
-/// Starts `component` again if the test panics before it did: a failed fault test must
-/// not leave the shared stack broken for the next one.
-pub struct StartOnPanic(pub &'static str);
-
-impl Drop for StartOnPanic {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            let _ = std::process::Command::new(repo_root().join("scripts/stack"))
-                .args(["start", self.0])
-                .status();
-        }
-    }
-}
 
 fn connect_pid() -> i32 {
     stack_pid("connect")
@@ -89,7 +75,7 @@ async fn kafka_connect_killed_with_sigkill_mid_stream_loses_no_event() {
     let mut records = p
         .consume_until(Duration::from_secs(60), |rs| messages(rs).len() >= 150)
         .await;
-    let _restart = StartOnPanic("connect");
+    let _restart = StartOnPanic::new("connect");
     let pid = connect_pid();
     let status = std::process::Command::new("kill")
         .args(["-9", &pid.to_string()])

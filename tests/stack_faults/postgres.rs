@@ -145,7 +145,7 @@ async fn every_acknowledged_send_survives_an_immediate_postgresql_crash() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let last_before = acked.lock().unwrap().last().cloned().unwrap();
-    let _start = crate::StartOnPanic("postgres");
+    let _start = crate::StartOnPanic::new("postgres");
     stack(&["crash", "postgres"]).await;
     let recovered = Instant::now();
     // Sends go on after recovery: at least 50 more, then stop.

@@ -63,7 +63,7 @@ async fn a_registry_outage_is_waited_out_nothing_dead_lettered_nothing_lost() {
 
     // Nothing has been read from chat.events or chat.read-receipts yet: the processors
     // meet those topics' schema ids for the first time during the outage.
-    let _restart = StartOnPanic("registry");
+    let _restart = StartOnPanic::new("registry");
     stack(&["down", "registry"]).await;
     let outage = Instant::now();
     let conversation = p.app.user(alice).create_group(&[bob, carol, dave]).await;

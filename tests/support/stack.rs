@@ -319,6 +319,26 @@ pub async fn run_stack(args: &[&str]) {
     );
 }
 
+/// Starts `component` again if the test panics before it did: a failed fault test must
+/// not leave the shared stack broken for the next one.
+pub struct StartOnPanic(pub String);
+
+impl StartOnPanic {
+    pub fn new(component: impl Into<String>) -> Self {
+        Self(component.into())
+    }
+}
+
+impl Drop for StartOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let _ = std::process::Command::new(repo_root().join("scripts/stack"))
+                .args(["start", &self.0])
+                .status();
+        }
+    }
+}
+
 /// Faults hit the whole shared stack: one test of a binary at a time.
 pub async fn one_fault_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
     static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

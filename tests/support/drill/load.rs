@@ -24,6 +24,8 @@ pub struct Ack {
     pub conversation: i64,
     pub seq: i64,
     pub client_msg_id: uuid::Uuid,
+    /// When the API answered.
+    pub at: Instant,
 }
 
 /// The drill's users and conversations, fixed at the start.
@@ -165,6 +167,7 @@ async fn send_one(
                     conversation,
                     seq: v["seq"].as_i64()?,
                     client_msg_id,
+                    at: Instant::now(),
                 });
             }
             Ok(r) if r.status().is_client_error() => {
@@ -198,6 +201,21 @@ pub struct Seen {
     /// message.new frames of conversations the user is not in.
     pub non_member_frames: u64,
     pub reconnects: u64,
+    /// (conversation, seq) -> the gateway (0 or 1) that pushed it first.
+    pub pushed_by: std::collections::HashMap<(i64, i64), usize>,
+    /// The client's sockets: (gateway, open from, closed at; None while open).
+    pub sockets: Vec<(usize, Instant, Option<Instant>)>,
+}
+
+impl Seen {
+    /// The gateway the client's socket was open on at `t`.
+    pub fn gateway_at(&self, t: Instant) -> Option<usize> {
+        self.sockets
+            .iter()
+            .rev()
+            .find(|(_, from, until)| *from <= t && until.is_none_or(|u| t < u))
+            .map(|(g, _, _)| *g)
+    }
 }
 
 /// The clients' shared record.
@@ -254,7 +272,8 @@ async fn client(world: Arc<World>, clients: Arc<Clients>, user: i64, stop: Arc<A
     let mut attempt = 0usize;
     let mut first = true;
     while !stop.load(Ordering::Relaxed) {
-        let url = gateway_url((home + attempt) % 2);
+        let gateway = (home + attempt) % 2;
+        let url = gateway_url(gateway);
         let ws = match gateway::client::connect(&url, &token).await {
             Ok(ws) => ws,
             Err(_) => {
@@ -265,6 +284,11 @@ async fn client(world: Arc<World>, clients: Arc<Clients>, user: i64, stop: Arc<A
         };
         attempt = 0;
         clients.connected.fetch_add(1, Ordering::Relaxed);
+        clients.seen[&user]
+            .lock()
+            .unwrap()
+            .sockets
+            .push((gateway, Instant::now(), None));
         if !first {
             clients.seen[&user].lock().unwrap().reconnects += 1;
             // What was pushed while the socket was down: over REST.
@@ -299,11 +323,15 @@ async fn client(world: Arc<World>, clients: Arc<Clients>, user: i64, stop: Arc<A
                 continue;
             }
             seen.pushed += 1;
+            seen.pushed_by.entry((c, seq)).or_insert(gateway);
             if !seen.seqs.entry(c).or_default().insert(seq) {
                 seen.pushed_twice += 1;
             }
         }
         clients.connected.fetch_sub(1, Ordering::Relaxed);
+        if let Some(socket) = clients.seen[&user].lock().unwrap().sockets.last_mut() {
+            socket.2 = Some(Instant::now());
+        }
     }
 }
 

@@ -14,6 +14,7 @@
 pub mod events;
 pub mod faults;
 pub mod load;
+pub mod pushes;
 pub mod services;
 
 use std::collections::BTreeSet;
@@ -36,6 +37,9 @@ pub struct Config {
     pub faults: Vec<Fault>,
     /// Load after each fault before it is audited (and before the first fault).
     pub settle: Duration,
+    /// From the end of a fault, how long pushes may take to come back before each
+    /// gateway must push [`pushes::MIN_SHARE`] of its members' messages again.
+    pub push_recovery: Duration,
     pub users: usize,
     pub conversations: usize,
     /// Messages a second, in all.
@@ -76,12 +80,34 @@ pub struct Row {
     pub abandoned_sends: u64,
     /// Alarms of `pipeline audit` that fired during the phase.
     pub alarms: Vec<String>,
+    /// Each gateway's share of its members' messages pushed after the recovery time.
+    pub push_shares: Vec<pushes::GatewayShare>,
+    /// Gateways with connected clients that pushed less than [`pushes::MIN_SHARE`].
+    pub pushes_stopped: Vec<String>,
+    /// The auditor's readiness alarm (`probe_failing`) still raised at the row.
+    pub not_ready_at_end: Vec<String>,
     /// At the end: metrics a service exports without HELP, or a missing build_info.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub metric_gaps: Vec<String>,
 }
 
 impl Row {
+    /// What makes the row fail: anything lost, a gateway that stopped pushing, a service
+    /// still not ready.
+    pub fn failures(&self) -> Vec<String> {
+        let mut f = Vec::new();
+        if self.lost() > 0 {
+            f.push(format!("{} lost", self.lost()));
+        }
+        f.extend(self.pushes_stopped.iter().cloned());
+        f.extend(
+            self.not_ready_at_end
+                .iter()
+                .map(|a| format!("still raised: {a}")),
+        );
+        f
+    }
+
     /// Everything that must be 0.
     pub fn lost(&self) -> u64 {
         self.missing_in_postgres
@@ -169,8 +195,18 @@ pub async fn run(cfg: Config) -> Vec<Row> {
     };
     let mut rows = Vec::new();
     let mut acked_before = 0;
+    let loaded = Instant::now();
     tokio::time::sleep(cfg.settle).await;
-    rows.push(audit.row("warm-up", None, &mut acked_before).await);
+    rows.push(
+        audit
+            .row(
+                "warm-up",
+                Some(loaded + cfg.push_recovery),
+                None,
+                &mut acked_before,
+            )
+            .await,
+    );
     print_row(rows.last().unwrap());
     for fault in &cfg.faults {
         eprintln!("drill: injecting {}", fault.name());
@@ -185,7 +221,12 @@ pub async fn run(cfg: Config) -> Vec<Row> {
         tokio::time::sleep(cfg.settle).await;
         rows.push(
             audit
-                .row(fault.name(), Some(ended), &mut acked_before)
+                .row(
+                    fault.name(),
+                    Some(ended + cfg.push_recovery),
+                    Some(ended),
+                    &mut acked_before,
+                )
                 .await,
         );
         print_row(rows.last().unwrap());
@@ -200,7 +241,7 @@ pub async fn run(cfg: Config) -> Vec<Row> {
     let _ = watcher.await;
     rows.push(
         audit
-            .row("end (load stopped)", None, &mut acked_before)
+            .row("end (load stopped)", None, None, &mut acked_before)
             .await,
     );
     print_row(rows.last().unwrap());
@@ -245,6 +286,31 @@ async fn watch_alarms(seen: Arc<Mutex<BTreeSet<String>>>, stop: Arc<AtomicBool>)
     }
 }
 
+/// The auditor's readiness alarm, if it is raised now.
+async fn readiness_alarms() -> Vec<String> {
+    let report = async {
+        let r = reqwest::Client::builder()
+            .timeout(Duration::from_secs(2))
+            .build()
+            .ok()?
+            .get(format!("{}/report", services::audit_url()))
+            .send()
+            .await
+            .ok()?;
+        r.json::<serde_json::Value>().await.ok()
+    };
+    let Some(report) = report.await else {
+        return vec!["the auditor's /report did not answer".into()];
+    };
+    report["firing"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|a| a["name"] == "probe_failing")
+        .map(|a| format!("probe_failing: {}", a["detail"].as_str().unwrap_or("")))
+        .collect()
+}
+
 struct Audit {
     world: Arc<World>,
     clients: Arc<Clients>,
@@ -256,7 +322,17 @@ struct Audit {
 }
 
 impl Audit {
-    async fn row(&self, fault: &str, ended: Option<Instant>, acked_before: &mut u64) -> Row {
+    /// The row of a phase; the push shares count the messages acknowledged from
+    /// `pushes_from` (None: not counted) until shortly before now.
+    async fn row(
+        &self,
+        fault: &str,
+        pushes_from: Option<Instant>,
+        ended: Option<Instant>,
+        acked_before: &mut u64,
+    ) -> Row {
+        let started = Instant::now();
+        let not_ready_at_end = readiness_alarms().await;
         let acked = self.acks.all.lock().unwrap().clone();
         // CDC and pushes trail the acks: wait (two minutes at most) for the topic.
         let deadline = Instant::now() + Duration::from_secs(120);
@@ -317,6 +393,17 @@ impl Audit {
                 .map(|f| (f - e).as_secs_f64())
         });
         let held = pushed + fetched;
+        let push_shares = pushes_from
+            .map(|from| {
+                pushes::shares(
+                    &acked,
+                    &self.world,
+                    &self.clients,
+                    from,
+                    started - pushes::IN_FLIGHT,
+                )
+            })
+            .unwrap_or_default();
         let row = Row {
             fault: fault.to_owned(),
             acked: acked.len() as u64,
@@ -339,6 +426,9 @@ impl Audit {
             send_retries: self.acks.retries.load(Ordering::Relaxed),
             abandoned_sends: self.acks.abandoned.load(Ordering::Relaxed),
             alarms: self.alarms.lock().unwrap().iter().cloned().collect(),
+            pushes_stopped: pushes::stopped(&push_shares),
+            push_shares,
+            not_ready_at_end,
             metric_gaps: Vec::new(),
         };
         *acked_before = acked.len() as u64;
@@ -375,13 +465,13 @@ pub fn print_row(r: &Row) {
     static HEADER: std::sync::Once = std::sync::Once::new();
     HEADER.call_once(|| {
         eprintln!(
-            "| fault | acked (phase) | missing PG | missing topic | gaps | dups | regressions | non-member frames | WS missing | topic back (s) | push back (s) | pushed | alarms |"
+            "| fault | acked (phase) | missing PG | missing topic | gaps | dups | regressions | non-member frames | WS missing | topic back (s) | push back (s) | pushed | pushed by gw 0 / gw 1 after recovery | alarms | fails |"
         );
-        eprintln!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        eprintln!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     });
     let secs = |s: Option<f64>| s.map_or("-".to_owned(), |s| format!("{s:.1}"));
     eprintln!(
-        "| {} | {} ({}) | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0}% | {} |",
+        "| {} | {} ({}) | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0}% | {} | {} | {} |",
         r.fault,
         r.acked,
         r.acked_in_phase,
@@ -395,10 +485,27 @@ pub fn print_row(r: &Row) {
         secs(r.topic_recovery_s),
         secs(r.push_recovery_s),
         r.pushed_share * 100.0,
+        if r.push_shares.is_empty() {
+            "-".to_owned()
+        } else {
+            r.push_shares
+                .iter()
+                .map(|s| match s.due {
+                    0 => "no clients".to_owned(),
+                    due => format!("{:.0}% of {due}", s.share() * 100.0),
+                })
+                .collect::<Vec<_>>()
+                .join(" / ")
+        },
         if r.alarms.is_empty() {
             "-".to_owned()
         } else {
             r.alarms.join(", ")
+        },
+        if r.failures().is_empty() {
+            "-".to_owned()
+        } else {
+            r.failures().join("; ")
         },
     );
 }
