@@ -588,8 +588,9 @@ impl<P: Processor> Reader<P> {
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest")
-            .set("isolation.level", "read_committed")
-            .set("statistics.interval.ms", "1000");
+            .set("isolation.level", "read_committed");
+        // Statistics every second (lag, leaderless partitions, the broker guard): the
+        // default of chatpipe_core::kafka::create_with.
         let shared = Arc::new(Shared {
             processor: Mutex::new(processor),
             offsets: Mutex::default(),
