@@ -493,11 +493,6 @@ impl Checker {
     }
 
     async fn connector(&self) -> Connector {
-        let url = format!(
-            "{}/connectors/{}/status",
-            self.cfg.connect_url.trim_end_matches('/'),
-            self.cfg.connector
-        );
         let not_running = |state: String| Connector {
             name: self.cfg.connector.clone(),
             running: false,
@@ -509,7 +504,8 @@ impl Checker {
             worker: None,
             task_moves: 0,
         };
-        let response = match self.http.get(&url).send().await {
+        let path = format!("connectors/{}/status", self.cfg.connector);
+        let response = match self.ask_connect(|url| self.http.get(url), &path).await {
             Ok(r) => r,
             Err(e) => return not_running(format!("Connect did not answer: {e}")),
         };
@@ -550,15 +546,35 @@ impl Checker {
         }
     }
 
+    /// Sends a request to the first Connect worker of `audit.connect_url` (a comma-separated
+    /// list) that answers: any worker of a cluster serves the connector's status and
+    /// forwards a restart to the leader, so one lost worker does not blind the auditor.
+    async fn ask_connect(
+        &self,
+        request: impl Fn(String) -> reqwest::RequestBuilder,
+        path: &str,
+    ) -> Result<reqwest::Response, reqwest::Error> {
+        let mut last = None;
+        for base in self.cfg.connect_url.split(',').map(str::trim) {
+            match request(format!("{}/{path}", base.trim_end_matches('/')))
+                .send()
+                .await
+            {
+                Ok(r) => return Ok(r),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.expect("audit.connect_url names at least one worker"))
+    }
+
     /// Asks Connect to restart the connector's FAILED parts (the connector itself, its
     /// tasks, or both): the outcome and Connect's answer.
     async fn restart_connector(&self) -> (&'static str, String) {
-        let url = format!(
-            "{}/connectors/{}/restart?includeTasks=true&onlyFailed=true",
-            self.cfg.connect_url.trim_end_matches('/'),
+        let path = format!(
+            "connectors/{}/restart?includeTasks=true&onlyFailed=true",
             self.cfg.connector
         );
-        match self.http.post(&url).send().await {
+        match self.ask_connect(|url| self.http.post(url), &path).await {
             Ok(r) if r.status().is_success() => ("accepted", r.status().to_string()),
             Ok(r) => {
                 let status = r.status();
