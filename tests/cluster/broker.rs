@@ -16,22 +16,8 @@ use crate::{
     StartOnPanic, RECOVERY,
 };
 
-/// The node id of the leader of `topic`'s `partition`, and the ids of its in-sync
-/// replicas.
 fn leader_and_isr(topic: &str, partition: i32) -> (i32, Vec<i32>) {
-    let client: chatpipe_core::kafka::BaseConsumer =
-        chatpipe_core::kafka::client_config(&brokers())
-            .create_guarded()
-            .expect("Kafka client");
-    let metadata = client
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .expect("the cluster's metadata");
-    let p = metadata.topics()[0]
-        .partitions()
-        .iter()
-        .find(|p| p.id() == partition)
-        .unwrap_or_else(|| panic!("{topic} has no partition {partition}"));
-    (p.leader(), p.isr().to_vec())
+    chatpipe_tests::cluster::leader_and_isr(&brokers(), topic, partition)
 }
 
 /// A topic of one partition with its one replica on broker `node`.

@@ -5,61 +5,16 @@
 use std::time::{Duration, Instant};
 
 use chatpipe_tests::audit::is_firing;
-use chatpipe_tests::stream::{connect_url, spawn_pipeline};
+use chatpipe_tests::cluster::{
+    connector_status as status, running_on, worker_component as component_of, workers,
+};
+use chatpipe_tests::stream::spawn_pipeline;
 use pipeline::audit::alarm;
-use serde_json::Value;
 
 use crate::{
     every_acknowledged_on_the_topic, kill, one_fault_at_a_time, require_cluster, stack, Sender,
     StartOnPanic, RECOVERY,
 };
-
-/// Every worker's REST URL, in the order of their names (connect-1, connect-2):
-/// `KAFKA_CONNECT_URLS` from `scripts/stack env --cluster`.
-fn workers() -> Vec<String> {
-    std::env::var("KAFKA_CONNECT_URLS")
-        .unwrap_or_else(|_| connect_url())
-        .split(',')
-        .map(str::to_owned)
-        .collect()
-}
-
-/// The connector's status as any live worker tells it.
-async fn status(connector: &str) -> Value {
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(3))
-        .build()
-        .unwrap();
-    for w in workers() {
-        if let Ok(r) = http
-            .get(format!("{w}/connectors/{connector}/status"))
-            .send()
-            .await
-        {
-            if let Ok(v) = r.json::<Value>().await {
-                return v;
-            }
-        }
-    }
-    Value::Null
-}
-
-/// The worker (`connect-N`) whose REST address is `worker_id` (`127.0.0.1:8183`).
-fn component_of(worker_id: &str) -> String {
-    let i = workers()
-        .iter()
-        .position(|w| w.ends_with(worker_id))
-        .unwrap_or_else(|| panic!("no worker at {worker_id} among {:?}", workers()));
-    format!("connect-{}", i + 1)
-}
-
-/// The worker running task 0, once it runs.
-fn running_on(status: &Value) -> Option<String> {
-    let task = &status["tasks"][0];
-    (task["state"] == "RUNNING")
-        .then(|| task["worker_id"].as_str().map(str::to_owned))
-        .flatten()
-}
 
 #[tokio::test]
 async fn the_connect_worker_running_the_task_killed_the_task_moves_and_every_commit_streams() {

@@ -8,6 +8,7 @@
 
 pub mod audit;
 pub mod bench;
+pub mod cluster;
 pub mod cpu;
 pub mod drill;
 pub mod pgbench;
