@@ -16,11 +16,17 @@ use clap::Parser;
 #[derive(Parser, Debug)]
 #[command(about = "chatpipe's fault drill")]
 struct Args {
-    /// Faults, in order (default: all). One of kill-ingest-api, postgres-restart,
-    /// broker-stall, broker-restart, kill-connect, registry-stop, kill-receipts,
-    /// kill-fanout, kill-gateway.
+    /// Faults, in order (default: all of the single node's, or with --cluster all of the
+    /// cluster's). The single node's: kill-ingest-api, postgres-restart, broker-stall,
+    /// broker-restart, kill-connect, registry-stop, kill-receipts, kill-fanout,
+    /// kill-gateway. The cluster's: kill-leader, kill-controller, rolling-restart,
+    /// stall-node, kill-worker, restart-workers.
     #[arg(long, value_delimiter = ',')]
     faults: Vec<String>,
+    /// The faults of the Kafka and Connect clusters (scripts/drill --cluster points the
+    /// services at them).
+    #[arg(long)]
+    cluster: bool,
     /// Seconds of load after each fault before it is audited.
     #[arg(long, default_value_t = 60)]
     settle_secs: u64,
@@ -41,6 +47,9 @@ struct Args {
     broker_stall_secs: u64,
     #[arg(long, default_value_t = 60)]
     registry_down_secs: u64,
+    /// How long a killed cluster node stays down.
+    #[arg(long, default_value_t = 30)]
+    node_down_secs: u64,
     /// Where ingest-api, pipeline and gateway are.
     #[arg(long, default_value = "target/release")]
     bins: PathBuf,
@@ -51,7 +60,9 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let faults = if args.faults.is_empty() {
+    let faults = if args.faults.is_empty() && args.cluster {
+        Fault::CLUSTER.to_vec()
+    } else if args.faults.is_empty() {
         Fault::ALL.to_vec()
     } else {
         args.faults
@@ -72,6 +83,7 @@ async fn main() -> anyhow::Result<()> {
             broker_stall: Duration::from_secs(args.broker_stall_secs),
             registry_down: Duration::from_secs(args.registry_down_secs),
             restart_after: Duration::from_secs(5),
+            node_down: Duration::from_secs(args.node_down_secs),
         },
         bins: Bins::in_dir(&args.bins),
         out: args.out,

@@ -24,9 +24,22 @@ pub struct Topic {
     pub undecodable: u64,
     /// When each record arrived here.
     pub arrivals: Vec<Instant>,
+    /// When each (conversation, seq) first arrived here.
+    pub first_seen: HashMap<(i64, i64), Instant>,
 }
 
 impl Topic {
+    /// The longest an acknowledged message of `acks` waited from its 201 to its arrival
+    /// here (those not arrived yet are not counted).
+    pub fn slowest(&self, acks: &[super::load::Ack]) -> Option<Duration> {
+        acks.iter()
+            .filter_map(|a| {
+                let seen = self.first_seen.get(&(a.conversation, a.seq))?;
+                Some(seen.saturating_duration_since(a.at))
+            })
+            .max()
+    }
+
     pub fn first_after(&self, t: Instant) -> Option<Instant> {
         self.arrivals.iter().filter(|a| **a > t).min().copied()
     }
@@ -114,12 +127,13 @@ pub fn follow(
                 t.undecodable += 1;
                 continue;
             };
-            t.arrivals.push(Instant::now());
+            let now = Instant::now();
+            t.arrivals.push(now);
             match event {
                 ChatEvent::MessageNew(e) => {
-                    *t.messages
-                        .entry((e.conversation_id.get(), e.seq.get()))
-                        .or_default() += 1;
+                    let key = (e.conversation_id.get(), e.seq.get());
+                    *t.messages.entry(key).or_default() += 1;
+                    t.first_seen.entry(key).or_insert(now);
                 }
                 ChatEvent::ReadUpdated(e) => {
                     let key = (e.conversation_id.get(), e.user_id.get());

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::services::{Services, FANOUT, GATEWAYS, INGEST, RECEIPTS};
+use crate::cluster;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -26,6 +27,25 @@ pub enum Fault {
     KillFanout,
     /// SIGKILL one gateway: its clients reconnect to the other and catch up over REST.
     KillGateway,
+    // On the cluster (`scripts/drill --cluster`): each is ridden out while it lasts.
+    /// SIGKILL the node that leads chat.events partition 0; started again after
+    /// `node_down`, then waited back into every ISR.
+    KillLeader,
+    /// SIGKILL the active KRaft controller (in combined mode also a broker), likewise. A
+    /// row of its own: killing it together with the leader of a different node would take
+    /// two of three voters, the quorum, and every partition's second in-sync replica.
+    KillController,
+    /// Each node restarted cleanly in turn, the next only once the last is back in every
+    /// ISR: the rolling restart of an upgrade.
+    RollingRestart,
+    /// SIGSTOP the node that leads chat.events partition 0 for `broker_stall`, then
+    /// SIGCONT; waited back into every ISR.
+    StallNode,
+    /// SIGKILL the Connect worker that runs the connector's task; started again once the
+    /// task runs on the other worker.
+    KillWorker,
+    /// Both Connect workers restarted one after the other, each once the task runs again.
+    RestartWorkers,
 }
 
 impl Fault {
@@ -43,6 +63,15 @@ impl Fault {
     ];
     /// The short drill CI runs.
     pub const SHORT: [Fault; 3] = [Fault::KillIngestApi, Fault::KillConnect, Fault::KillGateway];
+    /// Every fault of the cluster drill, in order.
+    pub const CLUSTER: [Fault; 6] = [
+        Fault::KillLeader,
+        Fault::KillController,
+        Fault::RollingRestart,
+        Fault::StallNode,
+        Fault::KillWorker,
+        Fault::RestartWorkers,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -55,11 +84,26 @@ impl Fault {
             Fault::KillReceipts => "kill-receipts",
             Fault::KillFanout => "kill-fanout",
             Fault::KillGateway => "kill-gateway",
+            Fault::KillLeader => "kill-leader",
+            Fault::KillController => "kill-controller",
+            Fault::RollingRestart => "rolling-restart",
+            Fault::StallNode => "stall-node",
+            Fault::KillWorker => "kill-worker",
+            Fault::RestartWorkers => "restart-workers",
         }
     }
 
     pub fn parse(name: &str) -> Option<Fault> {
-        Fault::ALL.into_iter().find(|f| f.name() == name)
+        Fault::ALL
+            .into_iter()
+            .chain(Fault::CLUSTER)
+            .find(|f| f.name() == name)
+    }
+
+    /// A fault of the cluster drill: the system must keep going while it lasts, so
+    /// recovery is timed from its start (on the single node, from its end).
+    pub fn on_cluster(self) -> bool {
+        Fault::CLUSTER.contains(&self)
     }
 }
 
@@ -71,6 +115,47 @@ pub struct Durations {
     /// A killed service of ours is started again this long after (a service manager's
     /// restart delay).
     pub restart_after: Duration,
+    /// How long a killed cluster node stays down (the cluster runs on two meanwhile).
+    pub node_down: Duration,
+}
+
+/// What the cluster faults need to know: the brokers, the connector, and the topics whose
+/// replicas must be back in sync before a fault ends.
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    pub brokers: String,
+    pub connector: String,
+    pub nodes: usize,
+    pub workers: usize,
+}
+
+/// Every replicated topic of the stack, Connect's and Kafka's own included: a node is back
+/// when it is in the ISR of all of them.
+pub const SYNCED_TOPICS: [&str; 11] = [
+    "chat.events",
+    "chat.read-receipts",
+    "chat.delivery-acks",
+    "chat.ephemeral",
+    "chat.presence",
+    "chat.fanout-members",
+    "chat.deliveries",
+    "_connect-configs",
+    "_connect-offsets",
+    "_connect-status",
+    "__consumer_offsets",
+];
+
+/// How long a node may take to be back in every ISR, and the task to run again.
+const BACK_WITHIN: Duration = Duration::from_secs(120);
+
+/// A fault as it happened: when, and what it hit.
+#[derive(Debug, Clone)]
+pub struct Injected {
+    /// The moment recovery is timed from: the fault's end on the single node, its start
+    /// on the cluster ([`Fault::on_cluster`]).
+    pub from: Instant,
+    /// What was hit, in words (`kafka-2, leader of chat.events/0`), for the table.
+    pub what: String,
 }
 
 /// `scripts/stack`, and the pids it keeps.
@@ -97,7 +182,7 @@ impl Stack {
             .to_owned()
     }
 
-    fn signal(&self, sig: &str, component: &str) {
+    pub fn signal(&self, sig: &str, component: &str) {
         let status = std::process::Command::new("kill")
             .args([sig, &self.pid(component)])
             .status()
@@ -106,9 +191,18 @@ impl Stack {
     }
 }
 
-/// Injects `fault` and returns when it ended (the moment recovery is timed from).
-pub async fn inject(fault: Fault, services: &mut Services, stack: &Stack, d: Durations) -> Instant {
-    match fault {
+/// Injects `fault` and returns once it is over (the cluster's nodes back in sync).
+pub async fn inject(
+    fault: Fault,
+    services: &mut Services,
+    stack: &Stack,
+    cluster: &Cluster,
+    d: Durations,
+) -> Injected {
+    if fault.on_cluster() {
+        return inject_on_cluster(fault, stack, cluster, d).await;
+    }
+    let ended = match fault {
         Fault::KillIngestApi => restart(services, INGEST[0], d).await,
         Fault::KillReceipts => restart(services, RECEIPTS[0], d).await,
         Fault::KillFanout => restart(services, FANOUT[0], d).await,
@@ -138,6 +232,103 @@ pub async fn inject(fault: Fault, services: &mut Services, stack: &Stack, d: Dur
             stack.run(&["start", "registry"]).await;
             Instant::now()
         }
+        cluster_fault => unreachable!("{cluster_fault:?} is injected on the cluster"),
+    };
+    Injected {
+        from: ended,
+        what: String::new(),
+    }
+}
+
+async fn inject_on_cluster(fault: Fault, stack: &Stack, c: &Cluster, d: Durations) -> Injected {
+    let started = Instant::now();
+    let what = match fault {
+        Fault::KillLeader | Fault::KillController => {
+            let (id, role) = if fault == Fault::KillLeader {
+                let b = c.brokers.clone();
+                let id = tokio::task::spawn_blocking(move || {
+                    cluster::leader_and_isr(&b, "chat.events", 0).0
+                })
+                .await
+                .expect("metadata task");
+                (id, "leader of chat.events/0")
+            } else {
+                (cluster::active_controller().await, "active controller")
+            };
+            let node = cluster::node_component(id);
+            let started = Instant::now();
+            stack.signal("-KILL", &node);
+            tokio::time::sleep(d.node_down).await;
+            stack.run(&["start", &node]).await;
+            let synced = cluster::wait_in_sync(&c.brokers, &SYNCED_TOPICS, BACK_WITHIN).await;
+            return Injected {
+                from: started,
+                what: format!(
+                    "{node} ({role}) down {} s, in sync {:.0} s after its start",
+                    d.node_down.as_secs(),
+                    synced.as_secs_f64()
+                ),
+            };
+        }
+        Fault::StallNode => {
+            let b = c.brokers.clone();
+            let id = tokio::task::spawn_blocking(move || {
+                cluster::leader_and_isr(&b, "chat.events", 0).0
+            })
+            .await
+            .expect("metadata task");
+            let node = cluster::node_component(id);
+            stack.signal("-STOP", &node);
+            tokio::time::sleep(d.broker_stall).await;
+            stack.signal("-CONT", &node);
+            let synced = cluster::wait_in_sync(&c.brokers, &SYNCED_TOPICS, BACK_WITHIN).await;
+            format!(
+                "{node} (leader of chat.events/0) stopped {} s, in sync {:.0} s after",
+                d.broker_stall.as_secs(),
+                synced.as_secs_f64()
+            )
+        }
+        Fault::RollingRestart => {
+            let mut took = Vec::new();
+            for n in 1..=c.nodes as i32 {
+                let node = cluster::node_component(n);
+                let t = Instant::now();
+                stack.run(&["restart", &node]).await;
+                cluster::wait_in_sync(&c.brokers, &SYNCED_TOPICS, BACK_WITHIN).await;
+                took.push(format!("{node} {:.0} s", t.elapsed().as_secs_f64()));
+            }
+            format!("each back in sync: {}", took.join(", "))
+        }
+        Fault::KillWorker => {
+            let worker = cluster::task_running(&c.connector, BACK_WITHIN, |_| true).await;
+            let victim = cluster::worker_component(&worker);
+            let killed = Instant::now();
+            stack.signal("-KILL", &victim);
+            let moved_to = cluster::task_running(&c.connector, BACK_WITHIN, |w| w != worker).await;
+            let moved = killed.elapsed();
+            stack.run(&["start", &victim]).await;
+            format!(
+                "{victim} (ran the task); the task moved to {} in {:.0} s",
+                cluster::worker_component(&moved_to),
+                moved.as_secs_f64()
+            )
+        }
+        Fault::RestartWorkers => {
+            let mut took = Vec::new();
+            for n in 1..=c.workers {
+                let worker = format!("connect-{n}");
+                let t = Instant::now();
+                stack.run(&["restart", &worker]).await;
+                cluster::task_running(&c.connector, BACK_WITHIN, |_| true).await;
+                took.push(format!("{worker} {:.0} s", t.elapsed().as_secs_f64()));
+            }
+            format!("task running again after: {}", took.join(", "))
+        }
+        single => unreachable!("{single:?} is injected on the single node"),
+    };
+    Injected {
+        from: started,
+        what,
     }
 }
 

@@ -99,9 +99,11 @@ impl World {
 #[derive(Default)]
 pub struct Acks {
     pub all: Mutex<Vec<Ack>>,
-    /// Sends given up on (no answer within a minute of retries): not acknowledged, so
-    /// not counted as lost; reported.
+    /// Sends given up on (no answer within a minute of retries): not acknowledged; lost
+    /// only if PostgreSQL committed one and it never reached chat.events.
     pub abandoned: AtomicU64,
+    /// Their (conversation, clientMsgId): the audit asks PostgreSQL whether they committed.
+    pub abandoned_ids: Mutex<Vec<(i64, uuid::Uuid)>>,
     /// Retries of a send (network error or 5xx), all with the same clientMsgId.
     pub retries: AtomicU64,
 }
@@ -181,6 +183,10 @@ async fn send_one(
         }
         if Instant::now() > give_up {
             acks.abandoned.fetch_add(1, Ordering::Relaxed);
+            acks.abandoned_ids
+                .lock()
+                .unwrap()
+                .push((conversation, client_msg_id));
             return None;
         }
         acks.retries.fetch_add(1, Ordering::Relaxed);

@@ -28,7 +28,7 @@ use futures::StreamExt;
 use secrecy::SecretString;
 use serde::Serialize;
 
-use faults::{Durations, Fault, Stack};
+use faults::{Cluster, Durations, Fault, Stack};
 use load::{Acks, Clients, World};
 use services::{Bins, Env, Services};
 
@@ -59,10 +59,19 @@ pub struct Config {
 #[serde(rename_all = "camelCase")]
 pub struct Row {
     pub fault: String,
+    /// What the fault hit and how long it took to heal, in words (cluster faults).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub what: String,
     /// Acknowledged sends so far, and in this phase.
     pub acked: u64,
     pub acked_in_phase: u64,
+    /// Acknowledged sends a second in this phase, and what the load asked for.
+    pub send_rate: f64,
+    pub send_rate_requested: u32,
     pub missing_in_postgres: u64,
+    /// Of the sends given up on, those PostgreSQL committed all the same (counted on
+    /// chat.events like acknowledged ones).
+    pub abandoned_committed: u64,
     pub missing_on_topic: u64,
     pub gaps: u64,
     pub duplicates: u64,
@@ -70,8 +79,12 @@ pub struct Row {
     pub non_member_frames: u64,
     /// Seqs of their conversations some client lacked after its REST catch-up.
     pub ws_missing: u64,
-    /// Seconds from the end of the fault to the first record on chat.events / push.
+    /// Seconds from the end of the fault (its start, on the cluster) to the first record
+    /// on chat.events / push.
     pub topic_recovery_s: Option<f64>,
+    /// The longest a send acknowledged in this phase waited for chat.events (seconds):
+    /// a partition that stalled shows here though the others flowed.
+    pub slowest_to_topic_s: Option<f64>,
     pub push_recovery_s: Option<f64>,
     /// Of the messages clients hold, the share that came by push (the rest over REST).
     pub pushed_share: f64,
@@ -132,10 +145,26 @@ pub async fn run(cfg: Config) -> Vec<Row> {
         database_url: chatpipe_database_url(),
         brokers: crate::stream::brokers(),
         registry_url: crate::registry_url(),
-        connect_url: crate::stream::connect_url(),
+        // Every worker of a Connect cluster: the auditor asks the next when one is lost.
+        connect_url: crate::cluster::workers().join(","),
+        slot: std::env::var("CHATPIPE_OUTBOX_SLOT").unwrap_or_else(|_| "chatpipe_outbox".into()),
         jwt_secret: secret.clone(),
         logs: cfg.out.join("logs"),
     };
+    let cluster = Cluster {
+        brokers: env.brokers.clone(),
+        connector: "chatpipe-outbox".into(),
+        nodes: env.brokers.split(',').count(),
+        workers: crate::cluster::workers().len(),
+    };
+    if cfg.faults.iter().any(|f| f.on_cluster()) {
+        assert!(
+            cluster.nodes >= 3 && cluster.workers >= 2,
+            "the cluster faults need the cluster (scripts/drill --cluster): KAFKA_BROKERS={}, KAFKA_CONNECT_URLS={}",
+            env.brokers,
+            env.connect_url
+        );
+    }
     let mut services = Services::new(services::specs(&cfg.bins, &env), env.logs.clone());
     for name in services.names() {
         services.start(&name).await;
@@ -192,9 +221,13 @@ pub async fn run(cfg: Config) -> Vec<Row> {
         pool: sqlx::PgPool::connect(&env.database_url)
             .await
             .expect("PostgreSQL"),
+        send_rate: cfg.send_rate,
     };
     let mut rows = Vec::new();
-    let mut acked_before = 0;
+    let mut phase = Phase {
+        acked_before: 0,
+        started: Instant::now(),
+    };
     let loaded = Instant::now();
     tokio::time::sleep(cfg.settle).await;
     rows.push(
@@ -203,7 +236,7 @@ pub async fn run(cfg: Config) -> Vec<Row> {
                 "warm-up",
                 Some(loaded + cfg.push_recovery),
                 None,
-                &mut acked_before,
+                &mut phase,
             )
             .await,
     );
@@ -211,7 +244,7 @@ pub async fn run(cfg: Config) -> Vec<Row> {
     for fault in &cfg.faults {
         eprintln!("drill: injecting {}", fault.name());
         alarms.lock().unwrap().clear();
-        let ended = faults::inject(*fault, &mut services, &stack, cfg.durations).await;
+        let injected = faults::inject(*fault, &mut services, &stack, &cluster, cfg.durations).await;
         let exited = services.exited();
         assert!(
             exited.is_empty(),
@@ -219,16 +252,16 @@ pub async fn run(cfg: Config) -> Vec<Row> {
             fault.name()
         );
         tokio::time::sleep(cfg.settle).await;
-        rows.push(
-            audit
-                .row(
-                    fault.name(),
-                    Some(ended + cfg.push_recovery),
-                    Some(ended),
-                    &mut acked_before,
-                )
-                .await,
-        );
+        let mut row = audit
+            .row(
+                fault.name(),
+                Some(injected.from + cfg.push_recovery),
+                Some(injected.from),
+                &mut phase,
+            )
+            .await;
+        row.what = injected.what;
+        rows.push(row);
         print_row(rows.last().unwrap());
     }
     // The load stops; everything acknowledged must arrive everywhere.
@@ -241,7 +274,7 @@ pub async fn run(cfg: Config) -> Vec<Row> {
     let _ = watcher.await;
     rows.push(
         audit
-            .row("end (load stopped)", None, None, &mut acked_before)
+            .row("end (load stopped)", None, None, &mut phase)
             .await,
     );
     print_row(rows.last().unwrap());
@@ -311,6 +344,12 @@ async fn readiness_alarms() -> Vec<String> {
         .collect()
 }
 
+/// Where the current phase began: the sends acknowledged before it, and when.
+struct Phase {
+    acked_before: u64,
+    started: Instant,
+}
+
 struct Audit {
     world: Arc<World>,
     clients: Arc<Clients>,
@@ -319,6 +358,7 @@ struct Audit {
     conversations: BTreeSet<i64>,
     alarms: Arc<Mutex<BTreeSet<String>>>,
     pool: sqlx::PgPool,
+    send_rate: u32,
 }
 
 impl Audit {
@@ -329,19 +369,29 @@ impl Audit {
         fault: &str,
         pushes_from: Option<Instant>,
         ended: Option<Instant>,
-        acked_before: &mut u64,
+        phase: &mut Phase,
     ) -> Row {
         let started = Instant::now();
         let not_ready_at_end = readiness_alarms().await;
         let acked = self.acks.all.lock().unwrap().clone();
+        let acked_in_phase = acked.len() as u64 - phase.acked_before;
+        let send_rate = acked_in_phase as f64 / (started - phase.started).as_secs_f64();
+        // A send given up on may have committed (its answer lost): then it must reach
+        // chat.events like any other.
+        let abandoned = self.committed_abandoned().await;
+        let on_topic: Vec<(i64, i64)> = acked
+            .iter()
+            .map(|a| (a.conversation, a.seq))
+            .chain(abandoned.iter().copied())
+            .collect();
         // CDC and pushes trail the acks: wait (two minutes at most) for the topic.
         let deadline = Instant::now() + Duration::from_secs(120);
         let missing_on_topic = loop {
             let missing = {
                 let t = self.topic.lock().unwrap();
-                acked
+                on_topic
                     .iter()
-                    .filter(|a| !t.messages.contains_key(&(a.conversation, a.seq)))
+                    .filter(|k| !t.messages.contains_key(k))
                     .count() as u64
             };
             if missing == 0 || Instant::now() > deadline {
@@ -378,13 +428,15 @@ impl Audit {
             reconnects += seen.reconnects;
             non_member += seen.non_member_frames;
         }
-        let (gaps, duplicates, regressions, topic_recovery) = {
+        let (gaps, duplicates, regressions, topic_recovery, slowest) = {
             let t = self.topic.lock().unwrap();
             (
                 t.gaps(&self.conversations),
                 t.duplicates(&self.conversations),
                 t.regressions,
                 ended.and_then(|e| t.first_after(e).map(|f| (f - e).as_secs_f64())),
+                t.slowest(&acked[phase.acked_before as usize..])
+                    .map(|d| d.as_secs_f64()),
             )
         };
         let push_recovery = ended.and_then(|e| {
@@ -406,9 +458,13 @@ impl Audit {
             .unwrap_or_default();
         let row = Row {
             fault: fault.to_owned(),
+            what: String::new(),
             acked: acked.len() as u64,
-            acked_in_phase: acked.len() as u64 - *acked_before,
+            acked_in_phase,
+            send_rate,
+            send_rate_requested: self.send_rate,
             missing_in_postgres,
+            abandoned_committed: abandoned.len() as u64,
             missing_on_topic,
             gaps,
             duplicates,
@@ -416,6 +472,7 @@ impl Audit {
             non_member_frames: non_member,
             ws_missing,
             topic_recovery_s: topic_recovery,
+            slowest_to_topic_s: slowest,
             push_recovery_s: push_recovery,
             pushed_share: if held == 0 {
                 0.0
@@ -431,8 +488,36 @@ impl Audit {
             not_ready_at_end,
             metric_gaps: Vec::new(),
         };
-        *acked_before = acked.len() as u64;
+        *phase = Phase {
+            acked_before: acked.len() as u64,
+            started,
+        };
         row
+    }
+
+    /// The sends given up on that PostgreSQL committed all the same: (conversation, seq).
+    async fn committed_abandoned(&self) -> Vec<(i64, i64)> {
+        let given_up = self.acks.abandoned_ids.lock().unwrap().clone();
+        if given_up.is_empty() {
+            return Vec::new();
+        }
+        let conversations: Vec<i64> = given_up.iter().map(|(c, _)| *c).collect();
+        let ids: Vec<uuid::Uuid> = given_up.iter().map(|(_, id)| *id).collect();
+        for _ in 0..120 {
+            let found: Result<Vec<(i64, i64)>, _> = sqlx::query_as(
+                "SELECT m.conversation_id, m.seq FROM unnest($1::bigint[], $2::uuid[]) AS a(c, id)
+                   JOIN message m ON m.conversation_id = a.c AND m.client_msg_id = a.id",
+            )
+            .bind(&conversations)
+            .bind(&ids)
+            .fetch_all(&self.pool)
+            .await;
+            match found {
+                Ok(found) => return found,
+                Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+            }
+        }
+        panic!("PostgreSQL did not answer the drill's audit for a minute");
     }
 
     /// Acknowledged sends without their row (conversation, seq, clientMsgId) in PostgreSQL.
@@ -465,16 +550,20 @@ pub fn print_row(r: &Row) {
     static HEADER: std::sync::Once = std::sync::Once::new();
     HEADER.call_once(|| {
         eprintln!(
-            "| fault | acked (phase) | missing PG | missing topic | gaps | dups | regressions | non-member frames | WS missing | topic back (s) | push back (s) | pushed | pushed by gw 0 / gw 1 after recovery | alarms | fails |"
+            "| fault | acked (phase) | sends/s (asked) | abandoned (committed) | missing PG | missing topic | gaps | dups | regressions | non-member frames | WS missing | topic back (s) | push back (s) | slowest to topic (s) | pushed | pushed by gw 0 / gw 1 after recovery | alarms | fails | what |"
         );
-        eprintln!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        eprintln!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     });
     let secs = |s: Option<f64>| s.map_or("-".to_owned(), |s| format!("{s:.1}"));
     eprintln!(
-        "| {} | {} ({}) | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0}% | {} | {} | {} |",
+        "| {} | {} ({}) | {:.0} ({}) | {} ({}) | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0}% | {} | {} | {} | {} |",
         r.fault,
         r.acked,
         r.acked_in_phase,
+        r.send_rate,
+        r.send_rate_requested,
+        r.abandoned_sends,
+        r.abandoned_committed,
         r.missing_in_postgres,
         r.missing_on_topic,
         r.gaps,
@@ -484,6 +573,7 @@ pub fn print_row(r: &Row) {
         r.ws_missing,
         secs(r.topic_recovery_s),
         secs(r.push_recovery_s),
+        secs(r.slowest_to_topic_s),
         r.pushed_share * 100.0,
         if r.push_shares.is_empty() {
             "-".to_owned()
@@ -507,5 +597,6 @@ pub fn print_row(r: &Row) {
         } else {
             r.failures().join("; ")
         },
+        if r.what.is_empty() { "-" } else { &r.what },
     );
 }

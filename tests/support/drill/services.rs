@@ -48,7 +48,10 @@ pub struct Env {
     pub database_url: String,
     pub brokers: String,
     pub registry_url: String,
+    /// Kafka Connect's REST API: every worker, comma-separated.
     pub connect_url: String,
+    /// The connector's replication slot (the cluster's connector has its own).
+    pub slot: String,
     pub jwt_secret: String,
     pub logs: PathBuf,
 }
@@ -162,6 +165,7 @@ pub fn specs(bins: &Bins, env: &Env) -> Vec<Spec> {
         "CHATPIPE_AUDIT__CONNECT_URL".into(),
         env.connect_url.clone(),
     ));
+    e.push(("CHATPIPE_AUDIT__SLOT".into(), env.slot.clone()));
     e.push(("CHATPIPE_AUDIT__CHECK_INTERVAL_MS".into(), "1000".into()));
     e.push((
         "CHATPIPE_AUDIT__PROBES".into(),
