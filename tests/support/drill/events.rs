@@ -40,6 +40,17 @@ impl Topic {
             .max()
     }
 
+    /// How many of `acks` took longer than `bound` from their 201 to their arrival here.
+    pub fn later_than(&self, acks: &[super::load::Ack], bound: Duration) -> u64 {
+        acks.iter()
+            .filter(|a| {
+                self.first_seen
+                    .get(&(a.conversation, a.seq))
+                    .is_some_and(|seen| seen.saturating_duration_since(a.at) > bound)
+            })
+            .count() as u64
+    }
+
     pub fn first_after(&self, t: Instant) -> Option<Instant> {
         self.arrivals.iter().filter(|a| **a > t).min().copied()
     }

@@ -207,8 +207,8 @@ pub struct Seen {
     /// message.new frames of conversations the user is not in.
     pub non_member_frames: u64,
     pub reconnects: u64,
-    /// (conversation, seq) -> the gateway (0 or 1) that pushed it first.
-    pub pushed_by: std::collections::HashMap<(i64, i64), usize>,
+    /// (conversation, seq) -> the gateway (0 or 1) that pushed it first, and when.
+    pub pushed_by: std::collections::HashMap<(i64, i64), (usize, Instant)>,
     /// The client's sockets: (gateway, open from, closed at; None while open).
     pub sockets: Vec<(usize, Instant, Option<Instant>)>,
 }
@@ -329,7 +329,9 @@ async fn client(world: Arc<World>, clients: Arc<Clients>, user: i64, stop: Arc<A
                 continue;
             }
             seen.pushed += 1;
-            seen.pushed_by.entry((c, seq)).or_insert(gateway);
+            seen.pushed_by
+                .entry((c, seq))
+                .or_insert((gateway, Instant::now()));
             if !seen.seqs.entry(c).or_default().insert(seq) {
                 seen.pushed_twice += 1;
             }

@@ -32,6 +32,10 @@ use faults::{Cluster, Durations, Fault, Stack};
 use load::{Acks, Clients, World};
 use services::{Bins, Env, Services};
 
+/// A send slower than this from its 201 to chat.events counts as held up (the warm-up's
+/// slowest is about 1 s on 2 cores).
+pub const LATE: Duration = Duration::from_secs(2);
+
 #[derive(Debug, Clone)]
 pub struct Config {
     pub faults: Vec<Fault>,
@@ -85,6 +89,13 @@ pub struct Row {
     /// The longest a send acknowledged in this phase waited for chat.events (seconds):
     /// a partition that stalled shows here though the others flowed.
     pub slowest_to_topic_s: Option<f64>,
+    /// Sends of this phase that took longer than [`LATE`] to reach chat.events: how many
+    /// conversations a stall held up, where the slowest says for how long.
+    pub late_to_topic: u64,
+    /// The longest a member's open socket waited for a message of this phase from its
+    /// 201, and how many pushes took longer than [`LATE`].
+    pub slowest_push_s: Option<f64>,
+    pub late_pushes: u64,
     pub push_recovery_s: Option<f64>,
     /// Of the messages clients hold, the share that came by push (the rest over REST).
     pub pushed_share: f64,
@@ -428,7 +439,7 @@ impl Audit {
             reconnects += seen.reconnects;
             non_member += seen.non_member_frames;
         }
-        let (gaps, duplicates, regressions, topic_recovery, slowest) = {
+        let (gaps, duplicates, regressions, topic_recovery, slowest, late) = {
             let t = self.topic.lock().unwrap();
             (
                 t.gaps(&self.conversations),
@@ -437,6 +448,7 @@ impl Audit {
                 ended.and_then(|e| t.first_after(e).map(|f| (f - e).as_secs_f64())),
                 t.slowest(&acked[phase.acked_before as usize..])
                     .map(|d| d.as_secs_f64()),
+                t.later_than(&acked[phase.acked_before as usize..], LATE),
             )
         };
         let push_recovery = ended.and_then(|e| {
@@ -445,6 +457,12 @@ impl Audit {
                 .map(|f| (f - e).as_secs_f64())
         });
         let held = pushed + fetched;
+        let (slowest_push, late_pushes) = pushes::delays(
+            &acked[phase.acked_before as usize..],
+            &self.world,
+            &self.clients,
+            LATE,
+        );
         let push_shares = pushes_from
             .map(|from| {
                 pushes::shares(
@@ -473,6 +491,9 @@ impl Audit {
             ws_missing,
             topic_recovery_s: topic_recovery,
             slowest_to_topic_s: slowest,
+            late_to_topic: late,
+            slowest_push_s: slowest_push.map(|d| d.as_secs_f64()),
+            late_pushes,
             push_recovery_s: push_recovery,
             pushed_share: if held == 0 {
                 0.0
@@ -550,13 +571,13 @@ pub fn print_row(r: &Row) {
     static HEADER: std::sync::Once = std::sync::Once::new();
     HEADER.call_once(|| {
         eprintln!(
-            "| fault | acked (phase) | sends/s (asked) | abandoned (committed) | missing PG | missing topic | gaps | dups | regressions | non-member frames | WS missing | topic back (s) | push back (s) | slowest to topic (s) | pushed | pushed by gw 0 / gw 1 after recovery | alarms | fails | what |"
+            "| fault | acked (phase) | sends/s (asked) | abandoned (committed) | missing PG | missing topic | gaps | dups | regressions | non-member frames | WS missing | topic back (s) | push back (s) | slowest to topic (s) | later than 2 s | slowest push (s) | pushes later than 2 s | pushed | pushed by gw 0 / gw 1 after recovery | alarms | fails | what |"
         );
-        eprintln!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        eprintln!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     });
     let secs = |s: Option<f64>| s.map_or("-".to_owned(), |s| format!("{s:.1}"));
     eprintln!(
-        "| {} | {} ({}) | {:.0} ({}) | {} ({}) | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0}% | {} | {} | {} | {} |",
+        "| {} | {} ({}) | {:.0} ({}) | {} ({}) | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0}% | {} | {} | {} | {} |",
         r.fault,
         r.acked,
         r.acked_in_phase,
@@ -574,6 +595,9 @@ pub fn print_row(r: &Row) {
         secs(r.topic_recovery_s),
         secs(r.push_recovery_s),
         secs(r.slowest_to_topic_s),
+        r.late_to_topic,
+        secs(r.slowest_push_s),
+        r.late_pushes,
         r.pushed_share * 100.0,
         if r.push_shares.is_empty() {
             "-".to_owned()

@@ -61,12 +61,35 @@ pub fn shares(
                 continue;
             };
             out[g].due += 1;
-            if seen.pushed_by.get(&(a.conversation, a.seq)) == Some(&g) {
+            if seen.pushed_by.get(&(a.conversation, a.seq)).map(|p| p.0) == Some(g) {
                 out[g].pushed += 1;
             }
         }
     }
     out
+}
+
+/// How long pushes took, from the 201 to the frame a member's open socket read: the
+/// slowest, and how many took longer than `late`, over the messages of `acks` (what a
+/// user waited, whatever part of the path held it up).
+pub fn delays(
+    acks: &[Ack],
+    world: &World,
+    clients: &Clients,
+    late: Duration,
+) -> (Option<Duration>, u64) {
+    let (mut slowest, mut over) = (None::<Duration>, 0);
+    for a in acks {
+        for user in &world.conversations[&a.conversation] {
+            let seen = clients.seen[user].lock().unwrap();
+            if let Some((_, at)) = seen.pushed_by.get(&(a.conversation, a.seq)) {
+                let took = at.saturating_duration_since(a.at);
+                slowest = slowest.max(Some(took));
+                over += u64::from(took > late);
+            }
+        }
+    }
+    (slowest, over)
 }
 
 /// The gateways that pushed too little, in words (empty: every gateway kept pushing).
