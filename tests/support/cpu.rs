@@ -16,14 +16,16 @@ fn piece(argv: &[String]) -> Option<&'static str> {
         let walsender = argv.iter().any(|a| a.contains("walsender"));
         return Some(if walsender { "walsender" } else { "postgres" });
     }
-    for (property, name) in [
-        ("-Dchatpipe.stack.component=connect", "kafka-connect"),
-        ("-Dchatpipe.stack.component=kafka", "kafka"),
-        ("-Dchatpipe.stack.component=registry", "registry"),
-    ] {
-        if argv.iter().any(|a| a == property) {
-            return Some(name);
-        }
+    // The cluster's nodes and workers (kafka-2, connect-1) count with their kind.
+    let component = argv
+        .iter()
+        .find_map(|a| a.strip_prefix("-Dchatpipe.stack.component="))
+        .map(|c| c.trim_end_matches(|ch: char| ch.is_ascii_digit() || ch == '-'));
+    match component {
+        Some("connect") => return Some("kafka-connect"),
+        Some("kafka") => return Some("kafka"),
+        Some("registry") => return Some("registry"),
+        _ => {}
     }
     ["ingest-api", "pipeline", "gateway", "send-load"]
         .into_iter()
@@ -119,6 +121,15 @@ mod tests {
                 "java -Dchatpipe.stack.component=registry x",
                 Some("registry"),
             ),
+            (
+                "java -Dchatpipe.stack.component=kafka-2 -Xmx384m x",
+                Some("kafka"),
+            ),
+            (
+                "java -Dchatpipe.stack.component=connect-1 x",
+                Some("kafka-connect"),
+            ),
+            ("java -Dchatpipe.stack.component=registry-auth x", None),
             ("target/release/ingest-api", Some("ingest-api")),
             (
                 "/work/main/target/release/pipeline fanout",
