@@ -20,7 +20,7 @@ struct Args {
     /// cluster's). The single node's: kill-ingest-api, postgres-restart, broker-stall,
     /// broker-restart, kill-connect, registry-stop, kill-receipts, kill-fanout,
     /// kill-gateway. The cluster's: kill-leader, kill-controller, rolling-restart,
-    /// stall-node, kill-worker, restart-workers.
+    /// stall-node, stall-coordinator, kill-worker, restart-workers.
     #[arg(long, value_delimiter = ',')]
     faults: Vec<String>,
     /// The faults of the Kafka and Connect clusters (scripts/drill --cluster points the

@@ -78,6 +78,27 @@ pub async fn wait_in_sync(brokers: &str, topics: &[&str], deadline: Duration) ->
     }
 }
 
+/// The node coordinating consumer or Connect group `group`: the leader of its partition
+/// of `__consumer_offsets`, which Kafka picks as `abs(groupId.hashCode()) % partitions`
+/// (Java's `String.hashCode`).
+pub fn group_coordinator(brokers: &str, group: &str) -> i32 {
+    let hash = java_hash(group);
+    let abs = if hash == i32::MIN { 0 } else { hash.abs() };
+    let partitions = metadata_client(brokers)
+        .fetch_metadata(Some("__consumer_offsets"), Duration::from_secs(10))
+        .expect("the cluster's metadata")
+        .topics()[0]
+        .partitions()
+        .len() as i32;
+    leader_and_isr(brokers, "__consumer_offsets", abs % partitions).0
+}
+
+/// Java's `String.hashCode`: over UTF-16 code units, `h * 31 + c`, wrapping.
+fn java_hash(s: &str) -> i32 {
+    s.encode_utf16()
+        .fold(0i32, |h, c| h.wrapping_mul(31).wrapping_add(i32::from(c)))
+}
+
 /// The node id of the active KRaft controller (`scripts/stack controller --cluster`).
 pub async fn active_controller() -> i32 {
     let out = tokio::process::Command::new(crate::stack::repo_root().join("scripts/stack"))
@@ -166,5 +187,20 @@ pub async fn task_running(
             "the connector's task was not running as wanted within {deadline:?}: {status}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::java_hash;
+
+    #[test]
+    fn a_group_hashes_as_java_strings_do() {
+        assert_eq!(java_hash(""), 0);
+        assert_eq!(java_hash("ab"), 97 * 31 + 98);
+        // Java: "hello world".hashCode() == 1794106052; a longer one wraps below zero
+        // (our Connect group: partition 2 of __consumer_offsets' 10).
+        assert_eq!(java_hash("hello world"), 1794106052);
+        assert_eq!(java_hash("chatpipe-connect-cluster"), -943_668_912);
     }
 }

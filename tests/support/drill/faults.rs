@@ -41,6 +41,9 @@ pub enum Fault {
     /// SIGSTOP the node that leads chat.events partition 0 for `broker_stall`, then
     /// SIGCONT; waited back into every ISR.
     StallNode,
+    /// SIGSTOP the node that coordinates the Connect workers' group for `broker_stall`:
+    /// the worker running the task cannot reach its coordinator and revokes the task.
+    StallCoordinator,
     /// SIGKILL the Connect worker that runs the connector's task; started again once the
     /// task runs on the other worker.
     KillWorker,
@@ -64,11 +67,12 @@ impl Fault {
     /// The short drill CI runs.
     pub const SHORT: [Fault; 3] = [Fault::KillIngestApi, Fault::KillConnect, Fault::KillGateway];
     /// Every fault of the cluster drill, in order.
-    pub const CLUSTER: [Fault; 6] = [
+    pub const CLUSTER: [Fault; 7] = [
         Fault::KillLeader,
         Fault::KillController,
         Fault::RollingRestart,
         Fault::StallNode,
+        Fault::StallCoordinator,
         Fault::KillWorker,
         Fault::RestartWorkers,
     ];
@@ -88,6 +92,7 @@ impl Fault {
             Fault::KillController => "kill-controller",
             Fault::RollingRestart => "rolling-restart",
             Fault::StallNode => "stall-node",
+            Fault::StallCoordinator => "stall-coordinator",
             Fault::KillWorker => "kill-worker",
             Fault::RestartWorkers => "restart-workers",
         }
@@ -125,6 +130,8 @@ pub struct Durations {
 pub struct Cluster {
     pub brokers: String,
     pub connector: String,
+    /// The Connect workers' group (`group.id` of config/stack/cluster/).
+    pub connect_group: String,
     pub nodes: usize,
     pub workers: usize,
 }
@@ -270,10 +277,16 @@ async fn inject_on_cluster(fault: Fault, stack: &Stack, c: &Cluster, d: Duration
                 ),
             };
         }
-        Fault::StallNode => {
-            let b = c.brokers.clone();
-            let id = tokio::task::spawn_blocking(move || {
-                cluster::leader_and_isr(&b, "chat.events", 0).0
+        Fault::StallNode | Fault::StallCoordinator => {
+            let (b, group) = (c.brokers.clone(), c.connect_group.clone());
+            let (id, role) = tokio::task::spawn_blocking(move || {
+                if fault == Fault::StallNode {
+                    let id = cluster::leader_and_isr(&b, "chat.events", 0).0;
+                    (id, "leader of chat.events/0".to_owned())
+                } else {
+                    let id = cluster::group_coordinator(&b, &group);
+                    (id, format!("coordinator of {group}"))
+                }
             })
             .await
             .expect("metadata task");
@@ -283,7 +296,7 @@ async fn inject_on_cluster(fault: Fault, stack: &Stack, c: &Cluster, d: Duration
             stack.signal("-CONT", &node);
             let synced = cluster::wait_in_sync(&c.brokers, &SYNCED_TOPICS, BACK_WITHIN).await;
             format!(
-                "{node} (leader of chat.events/0) stopped {} s, in sync {:.0} s after",
+                "{node} ({role}) stopped {} s, in sync {:.0} s after",
                 d.broker_stall.as_secs(),
                 synced.as_secs_f64()
             )

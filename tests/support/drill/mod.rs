@@ -165,6 +165,7 @@ pub async fn run(cfg: Config) -> Vec<Row> {
     let cluster = Cluster {
         brokers: env.brokers.clone(),
         connector: "chatpipe-outbox".into(),
+        connect_group: "chatpipe-connect-cluster".into(),
         nodes: env.brokers.split(',').count(),
         workers: crate::cluster::workers().len(),
     };
