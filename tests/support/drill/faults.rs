@@ -247,21 +247,34 @@ pub async fn inject(
     }
 }
 
+/// The node a node fault hits, and its role in words: the leader of chat.events/0, the
+/// active controller, or the Connect group's coordinator.
+async fn target(fault: Fault, c: &Cluster) -> (i32, String) {
+    if fault == Fault::KillController {
+        return (
+            cluster::active_controller().await,
+            "active controller".into(),
+        );
+    }
+    let (b, group) = (c.brokers.clone(), c.connect_group.clone());
+    tokio::task::spawn_blocking(move || {
+        if fault == Fault::StallCoordinator {
+            let id = cluster::group_coordinator(&b, &group);
+            (id, format!("coordinator of {group}"))
+        } else {
+            let id = cluster::leader_and_isr(&b, "chat.events", 0).0;
+            (id, "leader of chat.events/0".to_owned())
+        }
+    })
+    .await
+    .expect("metadata task")
+}
+
 async fn inject_on_cluster(fault: Fault, stack: &Stack, c: &Cluster, d: Durations) -> Injected {
     let started = Instant::now();
     let what = match fault {
         Fault::KillLeader | Fault::KillController => {
-            let (id, role) = if fault == Fault::KillLeader {
-                let b = c.brokers.clone();
-                let id = tokio::task::spawn_blocking(move || {
-                    cluster::leader_and_isr(&b, "chat.events", 0).0
-                })
-                .await
-                .expect("metadata task");
-                (id, "leader of chat.events/0")
-            } else {
-                (cluster::active_controller().await, "active controller")
-            };
+            let (id, role) = target(fault, c).await;
             let node = cluster::node_component(id);
             let started = Instant::now();
             stack.signal("-KILL", &node);
@@ -278,18 +291,7 @@ async fn inject_on_cluster(fault: Fault, stack: &Stack, c: &Cluster, d: Duration
             };
         }
         Fault::StallNode | Fault::StallCoordinator => {
-            let (b, group) = (c.brokers.clone(), c.connect_group.clone());
-            let (id, role) = tokio::task::spawn_blocking(move || {
-                if fault == Fault::StallNode {
-                    let id = cluster::leader_and_isr(&b, "chat.events", 0).0;
-                    (id, "leader of chat.events/0".to_owned())
-                } else {
-                    let id = cluster::group_coordinator(&b, &group);
-                    (id, format!("coordinator of {group}"))
-                }
-            })
-            .await
-            .expect("metadata task");
+            let (id, role) = target(fault, c).await;
             let node = cluster::node_component(id);
             stack.signal("-STOP", &node);
             tokio::time::sleep(d.broker_stall).await;
