@@ -9,6 +9,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::UserId;
 
+/// The audience of the tokens demo mode hands out (`POST /demo/token`): refused by every
+/// service that does not accept demo tokens (`auth.accept_demo_tokens`; ingest-api in demo
+/// mode), so turning demo mode off ends every demo token at once.
+pub const DEMO_AUDIENCE: &str = "chatpipe-demo";
+
 /// The shortest secret we accept: HS256 with fewer than 32 bytes of key is guessable.
 pub const MIN_SECRET_BYTES: usize = 32;
 
@@ -42,6 +47,8 @@ pub enum AuthError {
     WrongIssuer(String),
     #[error("the token has no `{0}` claim")]
     MissingClaim(String),
+    #[error("a demo token (aud \"chatpipe-demo\"), and demo mode is off here")]
+    DemoToken,
     #[error("token subject {0:?} is not a positive numeric user id")]
     BadSubject(String),
     #[error("the token was rejected")]
@@ -85,6 +92,11 @@ pub struct AuthSettings {
     /// When set, a token's `iss` must be exactly this.
     #[serde(default)]
     pub issuer: Option<String>,
+    /// Accept the tokens of ingest-api's demo mode (`aud` "chatpipe-demo"): for the
+    /// gateway of a demo (scripts/demo sets it). ingest-api accepts them while
+    /// `demo.enabled`, whatever this says.
+    #[serde(default)]
+    pub accept_demo_tokens: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -105,7 +117,8 @@ impl AuthSettings {
         Ok(
             TokenKeys::new(secret, Duration::from_secs(self.leeway_secs))?
                 .with_audience(self.audience.as_deref())
-                .with_issuer(self.issuer.as_deref()),
+                .with_issuer(self.issuer.as_deref())
+                .accepting_demo(self.accept_demo_tokens),
         )
     }
 }
@@ -121,6 +134,25 @@ struct Claims {
     iat: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     nbf: Option<u64>,
+    /// One audience or a list (RFC 7519 4.1.3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    aud: Option<Audience>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(untagged)]
+enum Audience {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Audience {
+    fn names(&self, name: &str) -> bool {
+        match self {
+            Self::One(one) => one == name,
+            Self::Many(many) => many.iter().any(|a| a == name),
+        }
+    }
 }
 
 /// Signs and verifies tokens with one shared secret.
@@ -131,6 +163,7 @@ pub struct TokenKeys {
     validation: Validation,
     audience: Option<String>,
     issuer: Option<String>,
+    accept_demo: bool,
 }
 
 /// A verified token: whose it is and until when it holds.
@@ -159,21 +192,37 @@ impl TokenKeys {
             validation,
             audience: None,
             issuer: None,
+            accept_demo: false,
         })
     }
 
     /// Requires `aud` to name `audience` (no check when `None`).
     pub fn with_audience(mut self, audience: Option<&str>) -> Self {
         self.audience = audience.map(str::to_owned);
-        match audience {
+        self.set_audiences();
+        self
+    }
+
+    /// Accepts demo tokens ([`DEMO_AUDIENCE`]) too, or refuses them (the default).
+    pub fn accepting_demo(mut self, accept: bool) -> Self {
+        self.accept_demo = accept;
+        self.set_audiences();
+        self
+    }
+
+    fn set_audiences(&mut self) {
+        match &self.audience {
             Some(aud) => {
-                self.validation.set_audience(&[aud]);
+                let mut accepted = vec![aud.as_str()];
+                if self.accept_demo {
+                    accepted.push(DEMO_AUDIENCE);
+                }
+                self.validation.set_audience(&accepted);
                 self.validation.validate_aud = true;
             }
             None => self.validation.validate_aud = false,
         }
         self.require_claims();
-        self
     }
 
     /// Requires `iss` to be `issuer` (no check when `None`).
@@ -201,13 +250,24 @@ impl TokenKeys {
         self.sign(user, now, now + ttl.as_secs())
     }
 
+    /// A demo token for `user` ([`DEMO_AUDIENCE`]), expiring after `ttl`.
+    pub fn issue_demo(&self, user: UserId, ttl: Duration) -> String {
+        let now = unix_now();
+        self.sign_claims(user, now, now + ttl.as_secs(), Some(DEMO_AUDIENCE))
+    }
+
     /// A token with explicit timestamps; tests use it to make expired tokens.
     pub fn sign(&self, user: UserId, issued_at: u64, expires_at: u64) -> String {
+        self.sign_claims(user, issued_at, expires_at, None)
+    }
+
+    fn sign_claims(&self, user: UserId, iat: u64, exp: u64, aud: Option<&str>) -> String {
         let claims = Claims {
             sub: Some(user.to_string()),
-            iat: Some(issued_at),
-            exp: Some(expires_at),
+            iat: Some(iat),
+            exp: Some(exp),
             nbf: None,
+            aud: aud.map(|a| Audience::One(a.to_owned())),
         };
         encode(&Header::new(Algorithm::HS256), &claims, &self.encoding)
             .expect("HS256 signing with an in-memory key cannot fail")
@@ -229,6 +289,9 @@ impl TokenKeys {
             .is_some_and(|iat| iat > unix_now() + self.validation.leeway)
         {
             return Err(AuthError::IssuedInFuture);
+        }
+        if !self.accept_demo && claims.aud.is_some_and(|aud| aud.names(DEMO_AUDIENCE)) {
+            return Err(AuthError::DemoToken);
         }
         let sub = claims
             .sub
@@ -305,6 +368,27 @@ mod tests {
             k.verify_header(Some(&format!("Bearer {token}"))).unwrap(),
             user
         );
+    }
+
+    #[test]
+    fn a_demo_token_holds_only_where_demo_tokens_are_accepted() {
+        let user = UserId::new(10).unwrap();
+        let demo = keys(SECRET).issue_demo(user, Duration::from_secs(60));
+        assert!(matches!(
+            keys(SECRET).verify(&demo),
+            Err(AuthError::DemoToken)
+        ));
+        assert_eq!(
+            keys(SECRET).accepting_demo(true).verify(&demo).unwrap(),
+            user
+        );
+        // Beside a configured audience too, in either order.
+        let both = keys(SECRET)
+            .accepting_demo(true)
+            .with_audience(Some("chatpipe"));
+        assert_eq!(both.verify(&demo).unwrap(), user);
+        let audience_only = keys(SECRET).with_audience(Some("chatpipe"));
+        assert!(audience_only.verify(&demo).is_err());
     }
 
     #[test]

@@ -32,6 +32,7 @@ pub struct Settings {
     pub database: DatabaseSettings,
     pub auth: AuthSettings,
     pub limits: Limits,
+    pub sync: crate::store::sync::SyncBounds,
     pub registry: RegistrySettings,
     pub outbox: OutboxSettings,
     pub reads: ReadSettings,

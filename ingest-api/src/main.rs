@@ -48,7 +48,10 @@ async fn main() -> anyhow::Result<()> {
             tracing::info!(addr = %app.local_addr(), admin = %app.admin_addr(), "ingest-api listening");
             app.run_until_stopped(startup::shutdown_signal()).await?;
         }
-        Command::CheckConfig => println!("configuration ok"),
+        Command::CheckConfig => {
+            ingest_api::routes::demo::check(&settings.demo, settings.http.addr)?;
+            println!("configuration ok");
+        }
         Command::Migrate => {
             let pool = startup::connect(&settings.database).await?;
             startup::MIGRATOR

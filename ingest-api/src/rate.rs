@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use chatpipe_core::UserId;
 use governor::clock::{Clock, DefaultClock};
-use governor::{DefaultKeyedRateLimiter, Quota};
+use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota};
 use serde::Deserialize;
 
 use crate::error::ApiError;
@@ -35,6 +35,9 @@ pub struct RateLimitSettings {
     pub creates: Bucket,
     /// Adding and removing members (leaving included).
     pub member_changes: Bucket,
+    /// What reads or marks read: history, inbox, sync, members, receipts, `/read` and
+    /// `/delivered`.
+    pub reads: Bucket,
     /// How often users with full buckets are forgotten.
     pub sweep_interval_ms: u64,
 }
@@ -45,6 +48,9 @@ pub enum Kind {
     Send,
     Create,
     MemberChange,
+    Read,
+    /// `POST /demo/token`, one bucket for every caller.
+    DemoToken,
 }
 
 impl Kind {
@@ -53,49 +59,67 @@ impl Kind {
             Self::Send => "send",
             Self::Create => "create",
             Self::MemberChange => "member_change",
+            Self::Read => "read",
+            Self::DemoToken => "demo_token",
         }
     }
 }
 
-struct Limiter {
+struct Limiter<L> {
     bucket: Bucket,
-    limiter: DefaultKeyedRateLimiter<UserId>,
+    limiter: L,
 }
 
-/// The three limiters (`None`: that kind is not limited); cheap to clone.
+type PerUser = Limiter<DefaultKeyedRateLimiter<UserId>>;
+
+/// The limiters (`None`: that kind is not limited); cheap to clone.
 #[derive(Clone)]
 pub struct RateLimits(Arc<Limiters>);
 
 struct Limiters {
-    sends: Option<Limiter>,
-    creates: Option<Limiter>,
-    member_changes: Option<Limiter>,
+    sends: Option<PerUser>,
+    creates: Option<PerUser>,
+    member_changes: Option<PerUser>,
+    reads: Option<PerUser>,
+    /// `demo.tokens`: one bucket for everyone (a caller of `/demo/token` has no id).
+    demo_tokens: Option<Limiter<DefaultDirectRateLimiter>>,
+}
+
+/// The quota of `bucket`, or `None` when its rate is 0 (not limited).
+fn quota(bucket: Bucket) -> Option<Quota> {
+    let rate = NonZeroU32::new(bucket.rate)?;
+    let period = Duration::from_secs(u64::from(bucket.per_secs.max(1))) / rate.get();
+    let burst = NonZeroU32::new(bucket.burst).unwrap_or(rate);
+    Some(Quota::with_period(period)?.allow_burst(burst))
 }
 
 impl RateLimits {
-    pub fn new(settings: &RateLimitSettings) -> Self {
-        let limiter = |bucket: Bucket| {
-            let rate = NonZeroU32::new(bucket.rate)?;
-            let period = Duration::from_secs(u64::from(bucket.per_secs.max(1))) / rate.get();
-            let burst = NonZeroU32::new(bucket.burst).unwrap_or(rate);
-            let quota = Quota::with_period(period)?.allow_burst(burst);
+    pub fn new(settings: &RateLimitSettings, demo_tokens: Bucket) -> Self {
+        let per_user = |bucket: Bucket| {
             Some(Limiter {
                 bucket,
-                limiter: governor::RateLimiter::keyed(quota),
+                limiter: governor::RateLimiter::keyed(quota(bucket)?),
             })
         };
         Self(Arc::new(Limiters {
-            sends: limiter(settings.sends),
-            creates: limiter(settings.creates),
-            member_changes: limiter(settings.member_changes),
+            sends: per_user(settings.sends),
+            creates: per_user(settings.creates),
+            member_changes: per_user(settings.member_changes),
+            reads: per_user(settings.reads),
+            demo_tokens: quota(demo_tokens).map(|q| Limiter {
+                bucket: demo_tokens,
+                limiter: governor::RateLimiter::direct(q),
+            }),
         }))
     }
 
-    fn limiter(&self, kind: Kind) -> Option<&Limiter> {
+    fn limiter(&self, kind: Kind) -> Option<&PerUser> {
         match kind {
             Kind::Send => self.0.sends.as_ref(),
             Kind::Create => self.0.creates.as_ref(),
             Kind::MemberChange => self.0.member_changes.as_ref(),
+            Kind::Read => self.0.reads.as_ref(),
+            Kind::DemoToken => None,
         }
     }
 
@@ -104,29 +128,24 @@ impl RateLimits {
         let Some(l) = self.limiter(kind) else {
             return Ok(());
         };
-        match l.limiter.check_key(&user) {
-            Ok(()) => Ok(()),
-            Err(not_until) => {
-                metrics::counter!("rate_limited_total", "kind" => kind.label()).increment(1);
-                let wait = not_until.wait_time_from(DefaultClock::default().now());
-                Err(ApiError::RateLimited {
-                    retry_after: wait,
-                    detail: format!(
-                        "more than {} {}s per {} s (burst {}); retry after {} ms",
-                        l.bucket.rate,
-                        kind.label().replace('_', " "),
-                        l.bucket.per_secs,
-                        l.bucket.burst,
-                        wait.as_millis().max(1)
-                    ),
-                })
-            }
-        }
+        l.limiter
+            .check_key(&user)
+            .map_err(|not_until| refused(kind, l.bucket, &not_until))
+    }
+
+    /// Takes one token from the bucket of demo tokens.
+    pub fn check_demo_token(&self) -> Result<(), ApiError> {
+        let Some(l) = &self.0.demo_tokens else {
+            return Ok(());
+        };
+        l.limiter
+            .check()
+            .map_err(|not_until| refused(Kind::DemoToken, l.bucket, &not_until))
     }
 
     /// Forgets users whose buckets are full again; sets `rate_limit_users{kind}`.
     pub fn sweep(&self) {
-        for kind in [Kind::Send, Kind::Create, Kind::MemberChange] {
+        for kind in [Kind::Send, Kind::Create, Kind::MemberChange, Kind::Read] {
             if let Some(l) = self.limiter(kind) {
                 l.limiter.retain_recent();
                 l.limiter.shrink_to_fit();
@@ -149,6 +168,27 @@ impl RateLimits {
     }
 }
 
+/// The 429 of a refused `kind`, counted in `rate_limited_total{kind}`.
+fn refused(
+    kind: Kind,
+    bucket: Bucket,
+    not_until: &governor::NotUntil<governor::clock::QuantaInstant>,
+) -> ApiError {
+    metrics::counter!("rate_limited_total", "kind" => kind.label()).increment(1);
+    let wait = not_until.wait_time_from(DefaultClock::default().now());
+    ApiError::RateLimited {
+        retry_after: wait,
+        detail: format!(
+            "more than {} {}s per {} s (burst {}); retry after {} ms",
+            bucket.rate,
+            kind.label().replace('_', " "),
+            bucket.per_secs,
+            bucket.burst,
+            wait.as_millis().max(1)
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,17 +203,25 @@ mod tests {
             sends,
             creates: off,
             member_changes: off,
+            reads: off,
             sweep_interval_ms: 60_000,
         }
     }
 
     #[test]
     fn a_user_gets_the_burst_then_waits_and_others_are_not_affected() {
-        let limits = RateLimits::new(&settings(Bucket {
-            rate: 60,
-            per_secs: 60,
-            burst: 3,
-        }));
+        let limits = RateLimits::new(
+            &settings(Bucket {
+                rate: 60,
+                per_secs: 60,
+                burst: 3,
+            }),
+            Bucket {
+                rate: 1,
+                per_secs: 60,
+                burst: 2,
+            },
+        );
         let (a, b) = (UserId::of(1), UserId::of(2));
         for _ in 0..3 {
             limits.check(Kind::Send, a).unwrap();
@@ -193,5 +241,12 @@ mod tests {
         for _ in 0..100 {
             limits.check(Kind::Create, a).unwrap();
         }
+        // Demo tokens: one bucket for every caller.
+        limits.check_demo_token().unwrap();
+        limits.check_demo_token().unwrap();
+        assert!(matches!(
+            limits.check_demo_token(),
+            Err(ApiError::RateLimited { .. })
+        ));
     }
 }

@@ -42,7 +42,11 @@ pub struct Application {
 
 impl Application {
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
-        let keys = settings.auth.token_keys()?;
+        crate::routes::demo::check(&settings.demo, settings.http.addr)?;
+        let keys = settings
+            .auth
+            .token_keys()?
+            .accepting_demo(settings.auth.accept_demo_tokens || settings.demo.enabled);
         let registry = settings
             .registry
             .connect()
@@ -93,7 +97,7 @@ impl Application {
             outbox: Outbox::new(codec, settings.outbox.delete_after_write),
         };
         let sends = SendQueue::new(store.clone(), settings.sends.clone());
-        let rate = RateLimits::new(&settings.rate_limits);
+        let rate = RateLimits::new(&settings.rate_limits, settings.demo.tokens);
         rate.spawn_sweeper(Duration::from_millis(
             settings.rate_limits.sweep_interval_ms,
         ));
@@ -109,6 +113,8 @@ impl Application {
             cursors: CursorKey::load(&pool)
                 .await
                 .context("reading the sync cursor key (migration 20261201000008)")?,
+            sync_bounds: settings.sync,
+            ready: Default::default(),
             demo: settings
                 .demo
                 .enabled

@@ -9,7 +9,7 @@ use crate::configuration::Limits;
 use crate::rate::RateLimits;
 use crate::receipts::ReceiptProducer;
 use crate::store::send::SendQueue;
-use crate::store::sync::CursorKey;
+use crate::store::sync::{CursorKey, SyncBounds};
 use crate::store::Store;
 
 /// What every handler can reach.
@@ -29,6 +29,10 @@ pub struct AppState {
     pub receipts: Option<ReceiptProducer>,
     /// Signs and checks `GET /sync` cursors.
     pub cursors: CursorKey,
+    /// How much one `GET /sync` answer holds.
+    pub sync_bounds: SyncBounds,
+    /// The public `/readyz`'s last answer.
+    pub ready: Arc<crate::routes::health::ReadyCache>,
     /// `Some` in demo mode (`demo.enabled`): the `/app` client and `/demo/token`.
     pub demo: Option<Arc<crate::routes::demo::DemoSettings>>,
 }

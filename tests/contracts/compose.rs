@@ -23,9 +23,14 @@ fn load(file: &str) -> Value {
     doc
 }
 
-/// `docker compose -f docker-compose.yml -f docker-compose.cluster.yml`, as compose merges
-/// them: mappings key by key, anything else replaced by the override.
+/// `docker compose -f docker-compose.yml -f docker-compose.cluster.yml`.
 fn cluster_compose() -> Value {
+    compose_with("docker-compose.cluster.yml")
+}
+
+/// `docker compose -f docker-compose.yml -f <file>`, as compose merges them: mappings key
+/// by key, anything else replaced by the override.
+fn compose_with(file: &str) -> Value {
     fn merge(base: &mut Value, over: &Value) {
         match (base, over) {
             (Value::Mapping(b), Value::Mapping(o)) => {
@@ -42,7 +47,7 @@ fn cluster_compose() -> Value {
         }
     }
     let mut doc = compose();
-    merge(&mut doc, &load("docker-compose.cluster.yml"));
+    merge(&mut doc, &load(file));
     doc
 }
 
@@ -92,7 +97,41 @@ const LOGGING: &[&str] = &["LOG_FORMAT", "RUST_LOG"];
 
 #[test]
 fn every_variable_of_our_services_is_one_they_read_and_their_config_loads() {
-    let doc = compose();
+    for (file, doc) in [
+        ("docker-compose.yml", compose()),
+        (
+            "+ docker-compose.demo.yml",
+            compose_with("docker-compose.demo.yml"),
+        ),
+    ] {
+        let checked = check_services(&doc);
+        assert!(checked >= 6, "{file}: {checked} of our services checked");
+    }
+}
+
+/// Demo mode only with its own file: the default file has none of it, and the demo file
+/// turns it on for ingest-api (on its compose address, so it must allow that) and the
+/// gateway's acceptance of demo tokens.
+#[test]
+fn demo_mode_is_on_only_with_the_demo_file() {
+    let base = compose();
+    for (name, service) in base["services"].as_mapping().unwrap() {
+        let demo: Vec<String> = environment(service)
+            .into_keys()
+            .filter(|k| k.contains("DEMO"))
+            .collect();
+        assert!(demo.is_empty(), "{name:?} in docker-compose.yml: {demo:?}");
+    }
+    let demo = compose_with("docker-compose.demo.yml");
+    let api = environment(&demo["services"]["ingest-api"]);
+    assert_eq!(api["CHATPIPE_DEMO__ENABLED"], "true");
+    assert_eq!(api["CHATPIPE_DEMO__ALLOW_REMOTE"], "true");
+    let gateway = environment(&demo["services"]["gateway"]);
+    assert_eq!(gateway["CHATPIPE_AUTH__ACCEPT_DEMO_TOKENS"], "true");
+}
+
+/// Checks each of our services in `doc`; says how many.
+fn check_services(doc: &Value) -> usize {
     let mut checked = 0;
     for (name, service) in doc["services"].as_mapping().unwrap() {
         let name = name.as_str().unwrap();
@@ -130,7 +169,7 @@ fn every_variable_of_our_services_is_one_they_read_and_their_config_loads() {
         );
         checked += 1;
     }
-    assert!(checked >= 6, "{checked} of our services checked");
+    checked
 }
 
 #[test]

@@ -34,6 +34,8 @@ async fn two_people_chat_in_two_browsers_through_the_demo_client() {
     let _receipts = p.start_receipts(p.receipts_settings());
     let _fanout = p.start_fanout(p.fanout_settings());
     let mut settings = p.gateway_settings("browser", 0);
+    // The app signs in with demo tokens.
+    settings.auth.accept_demo_tokens = true;
     settings.http.addr = format!("127.0.0.1:{gateway_port}").parse().unwrap();
     let _gw = p.start_gateway(settings).await;
 

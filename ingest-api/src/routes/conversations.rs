@@ -199,6 +199,7 @@ pub async fn members(
     Caller(caller): Caller,
     ConversationPath(conversation): ConversationPath,
 ) -> Result<impl IntoResponse, ApiError> {
+    state.rate.check(Kind::Read, caller)?;
     let members = store::members(&state.store, conversation, caller).await?;
     Ok(axum::Json(MembersList {
         conversation_id: conversation,

@@ -26,12 +26,48 @@ pub struct DemoSettings {
     pub enabled: bool,
     /// The gateway's WebSocket URL, as a browser reaches it (the app connects there).
     pub gateway_url: String,
-    /// Lifetime of a demo token.
+    /// Lifetime of a demo token, [`MAX_TOKEN_TTL_SECS`] at most.
     pub token_ttl_secs: u64,
+    /// Allow demo mode on an `http.addr` that is not loopback (refused at start
+    /// otherwise): only where nobody but the people trying it can reach the API.
+    #[serde(default)]
+    pub allow_remote: bool,
+    /// Demo tokens handed out, per `per_secs` seconds, to everyone together.
+    pub tokens: crate::rate::Bucket,
     /// Serve the app's files from this folder, read on each request (for working on
     /// the app: edit, reload); unset, the copies compiled into the binary.
     #[serde(default)]
     pub app_dir: Option<std::path::PathBuf>,
+}
+
+/// The longest a demo token lives.
+pub const MAX_TOKEN_TTL_SECS: u64 = 3600;
+
+/// Whether these demo settings may start on `addr`: refused past the token lifetime cap,
+/// and on an address that is not loopback unless `allow_remote`. Says so in the log
+/// either way: demo mode lets anyone who reaches the API act as anyone.
+pub fn check(demo: &DemoSettings, addr: std::net::SocketAddr) -> anyhow::Result<()> {
+    if !demo.enabled {
+        return Ok(());
+    }
+    anyhow::ensure!(
+        demo.token_ttl_secs <= MAX_TOKEN_TTL_SECS,
+        "demo.token_ttl_secs = {} is over the cap of {MAX_TOKEN_TTL_SECS} s",
+        demo.token_ttl_secs
+    );
+    let local = addr.ip().is_loopback();
+    anyhow::ensure!(
+        local || demo.allow_remote,
+        "demo.enabled on http.addr {addr}, which is not loopback: anyone who reaches it can \
+         act as any user. Listen on 127.0.0.1, or set demo.allow_remote = true where only the \
+         people trying it can reach the API"
+    );
+    tracing::warn!(
+        %addr,
+        remote = !local,
+        "DEMO MODE: POST /demo/token hands out a token for any user; never where real users are"
+    );
+    Ok(())
 }
 
 /// The browser client's files, compiled into the binary.
@@ -152,9 +188,10 @@ async fn token(
         .expect("demo routes exist only in demo mode");
     let user =
         UserId::new(request.user_id).map_err(|e| ApiError::invalid("userId", e.to_string()))?;
+    state.rate.check_demo_token()?;
     let token = state
         .keys
-        .issue(user, Duration::from_secs(demo.token_ttl_secs));
+        .issue_demo(user, Duration::from_secs(demo.token_ttl_secs));
     Ok(Json(TokenResponse {
         user_id: request.user_id,
         token,

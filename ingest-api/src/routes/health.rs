@@ -1,4 +1,4 @@
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -20,8 +20,9 @@ pub async fn healthz() -> impl IntoResponse {
     axum::Json(crate::openapi::Status { status: "ok" })
 }
 
-/// `GET /readyz` on the public listener: the database answers within a second. Why it
-/// does not is for operators (the admin listener's `/readyz`), not for the internet.
+/// `GET /readyz` on the public listener: the database answered within a second, at most a
+/// second ago ([`ReadyCache`]). Why it does not is for operators (the admin listener's
+/// `/readyz`), not for the internet.
 #[utoipa::path(
     get,
     path = "/readyz",
@@ -34,9 +35,33 @@ pub async fn healthz() -> impl IntoResponse {
     )
 )]
 pub async fn readyz(State(state): State<AppState>) -> axum::response::Response {
-    match probe(&state).await {
-        Ok(()) => ready(),
-        Err(_) => not_ready("the database is not answering".into()),
+    if state.ready.get(&state).await {
+        ready()
+    } else {
+        not_ready("the database is not answering".into())
+    }
+}
+
+/// The public `/readyz`'s last answer, kept for [`ReadyCache::TTL`]: a caller without a
+/// token makes at most one database round trip a second, however often it asks. Callers
+/// that find it stale wait for one probe together.
+#[derive(Default)]
+pub struct ReadyCache(tokio::sync::Mutex<Option<(Instant, bool)>>);
+
+impl ReadyCache {
+    pub const TTL: Duration = Duration::from_secs(1);
+
+    async fn get(&self, state: &AppState) -> bool {
+        let mut last = self.0.lock().await;
+        if let Some((at, ready)) = *last {
+            if at.elapsed() < Self::TTL {
+                return ready;
+            }
+        }
+        let ready = probe(state).await.is_ok();
+        metrics::counter!("readyz_probes_total").increment(1);
+        *last = Some((Instant::now(), ready));
+        ready
     }
 }
 
@@ -49,7 +74,7 @@ pub async fn readyz_detailed(State(state): State<AppState>) -> axum::response::R
 }
 
 async fn probe(state: &AppState) -> Result<(), String> {
-    let probe = sqlx::query_scalar::<_, i32>("SELECT 1").fetch_one(&state.store.pool);
+    let probe = sqlx::query_scalar::<_, i32>("SELECT 1 AS ready").fetch_one(&state.store.pool);
     match tokio::time::timeout(Duration::from_secs(1), probe).await {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(err)) => Err(format!("database: {err}")),

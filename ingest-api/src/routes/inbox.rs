@@ -5,6 +5,7 @@ use serde::Deserialize;
 use crate::domain::page_limit;
 use crate::error::ApiError;
 use crate::extract::{Caller, Query};
+use crate::rate::Kind;
 use crate::state::AppState;
 use crate::store::inbox::{self as store, Cursor};
 
@@ -33,6 +34,7 @@ pub async fn inbox(
     Caller(user): Caller,
     Query(q): Query<InboxQuery>,
 ) -> Result<impl IntoResponse, ApiError> {
+    state.rate.check(Kind::Read, user)?;
     let limit = page_limit(q.limit, &state.limits)?;
     let cursor = q
         .cursor

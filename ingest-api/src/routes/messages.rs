@@ -152,6 +152,7 @@ pub async fn history(
     ConversationPath(conversation): ConversationPath,
     Query(q): Query<HistoryQuery>,
 ) -> Result<impl IntoResponse, ApiError> {
+    state.rate.check(Kind::Read, reader)?;
     let limit = page_limit(q.limit, &state.limits)?;
     let page = match (q.before_seq, q.after_seq) {
         (Some(_), Some(_)) => {

@@ -8,6 +8,7 @@ use serde::Deserialize;
 use crate::domain::seq;
 use crate::error::ApiError;
 use crate::extract::{Caller, ConversationPath, Json, PathParams};
+use crate::rate::Kind;
 use crate::receipts::{ReceiptProducer, Said};
 use crate::state::AppState;
 use crate::store::reads as store;
@@ -44,6 +45,7 @@ pub async fn mark_read(
     ConversationPath(conversation): ConversationPath,
     Json(req): Json<MarkRead>,
 ) -> Result<Response, ApiError> {
+    state.rate.check(Kind::Read, reader)?;
     let seq = seq("seq", req.seq)?;
     let Some(producer) = &state.receipts else {
         let outcome = store::mark_read(&state.store, conversation, reader, seq).await?;
@@ -93,6 +95,7 @@ pub async fn mark_delivered(
     ConversationPath(conversation): ConversationPath,
     Json(req): Json<MarkRead>,
 ) -> Result<Response, ApiError> {
+    state.rate.check(Kind::Read, user)?;
     let seq = seq("seq", req.seq)?;
     let Some(producer) = &state.receipts else {
         let outcome = store::mark_delivered(&state.store, conversation, user, seq).await?;
@@ -181,6 +184,7 @@ pub async fn receipts(
     Caller(caller): Caller,
     path: PathParams,
 ) -> Result<impl IntoResponse, ApiError> {
+    state.rate.check(Kind::Read, caller)?;
     let conversation: ConversationId = path.get("id")?;
     let seq: Seq = path.get("seq")?;
     Ok(axum::Json(

@@ -5,6 +5,7 @@ use serde::Deserialize;
 use crate::domain::page_limit;
 use crate::error::ApiError;
 use crate::extract::{Caller, Query};
+use crate::rate::Kind;
 use crate::state::AppState;
 use crate::store::sync as store;
 
@@ -18,7 +19,8 @@ pub struct SyncQuery {
 
 /// `GET /sync?since=&limit=`: every conversation of the caller that changed since the
 /// cursor, with up to `limit` new or changed messages each; without `since`, the whole
-/// inbox state and a first cursor.
+/// inbox state and a first cursor. In bounded answers: `hasMore` says to call again with
+/// `nextCursor` at once.
 #[utoipa::path(
     get,
     path = "/sync",
@@ -35,6 +37,7 @@ pub async fn sync(
     Caller(user): Caller,
     Query(q): Query<SyncQuery>,
 ) -> Result<impl IntoResponse, ApiError> {
+    state.rate.check(Kind::Read, user)?;
     let limit = page_limit(q.limit, &state.limits)?;
     let since = q
         .since
@@ -46,6 +49,14 @@ pub async fn sync(
         })
         .transpose()?;
     Ok(axum::Json(
-        store::sync(&state.store, &state.cursors, user, since.as_ref(), limit).await?,
+        store::sync(
+            &state.store,
+            &state.cursors,
+            user,
+            since.as_ref(),
+            limit,
+            state.sync_bounds,
+        )
+        .await?,
     ))
 }
