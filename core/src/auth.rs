@@ -47,6 +47,8 @@ pub enum AuthError {
     WrongIssuer(String),
     #[error("the token has no `{0}` claim")]
     MissingClaim(String),
+    #[error("the token lives longer than {0} s (exp - iat): ask for a shorter one")]
+    TooLong(u64),
     #[error("a demo token (aud \"chatpipe-demo\"), and demo mode is off here")]
     DemoToken,
     #[error("token subject {0:?} is not a positive numeric user id")]
@@ -97,6 +99,10 @@ pub struct AuthSettings {
     /// `demo.enabled`, whatever this says.
     #[serde(default)]
     pub accept_demo_tokens: bool,
+    /// The longest a token may live from its `iat` to its `exp`; when set, `iat` is
+    /// required. `None`: no cap.
+    #[serde(default)]
+    pub max_lifetime_secs: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -118,7 +124,8 @@ impl AuthSettings {
             TokenKeys::new(secret, Duration::from_secs(self.leeway_secs))?
                 .with_audience(self.audience.as_deref())
                 .with_issuer(self.issuer.as_deref())
-                .accepting_demo(self.accept_demo_tokens),
+                .accepting_demo(self.accept_demo_tokens)
+                .with_max_lifetime(self.max_lifetime_secs),
         )
     }
 }
@@ -164,6 +171,7 @@ pub struct TokenKeys {
     audience: Option<String>,
     issuer: Option<String>,
     accept_demo: bool,
+    max_lifetime_secs: Option<u64>,
 }
 
 /// A verified token: whose it is and until when it holds.
@@ -193,6 +201,7 @@ impl TokenKeys {
             audience: None,
             issuer: None,
             accept_demo: false,
+            max_lifetime_secs: None,
         })
     }
 
@@ -208,6 +217,18 @@ impl TokenKeys {
         self.accept_demo = accept;
         self.set_audiences();
         self
+    }
+
+    /// Refuses tokens that live longer than `secs` from `iat` to `exp`, and tokens
+    /// without `iat` (no cap when `None`).
+    pub fn with_max_lifetime(mut self, secs: Option<u64>) -> Self {
+        self.max_lifetime_secs = secs;
+        self
+    }
+
+    /// The cap [`TokenKeys::with_max_lifetime`] set.
+    pub fn max_lifetime_secs(&self) -> Option<u64> {
+        self.max_lifetime_secs
     }
 
     fn set_audiences(&mut self) {
@@ -292,6 +313,15 @@ impl TokenKeys {
         }
         if !self.accept_demo && claims.aud.is_some_and(|aud| aud.names(DEMO_AUDIENCE)) {
             return Err(AuthError::DemoToken);
+        }
+        if let Some(max) = self.max_lifetime_secs {
+            let iat = claims
+                .iat
+                .ok_or_else(|| AuthError::MissingClaim("iat".into()))?;
+            // `iat` is no later than now (checked above), so the token holds `max` at most.
+            if claims.exp.unwrap_or(u64::MAX).saturating_sub(iat) > max {
+                return Err(AuthError::TooLong(max));
+            }
         }
         let sub = claims
             .sub
@@ -389,6 +419,36 @@ mod tests {
         assert_eq!(both.verify(&demo).unwrap(), user);
         let audience_only = keys(SECRET).with_audience(Some("chatpipe"));
         assert!(audience_only.verify(&demo).is_err());
+    }
+
+    #[test]
+    fn a_token_longer_than_the_lifetime_cap_or_without_iat_is_refused() {
+        let user = UserId::new(10).unwrap();
+        let capped = keys(SECRET).with_max_lifetime(Some(3600));
+        let now = unix_now();
+        assert_eq!(
+            capped.verify(&capped.sign(user, now, now + 3600)).unwrap(),
+            user
+        );
+        assert!(matches!(
+            capped.verify(&capped.sign(user, now, now + 3601)),
+            Err(AuthError::TooLong(3600))
+        ));
+        // An `exp` near the end of time: refused, not overflowed.
+        assert!(matches!(
+            capped.verify(&capped.sign(user, now, u64::MAX)),
+            Err(AuthError::TooLong(3600))
+        ));
+        let no_iat = signed(SECRET, serde_json::json!({"sub": "10", "exp": now + 60}));
+        assert!(matches!(
+            capped.verify(&no_iat),
+            Err(AuthError::MissingClaim(claim)) if claim == "iat"
+        ));
+        // Without a cap both hold.
+        assert!(keys(SECRET).verify(&no_iat).is_ok());
+        assert!(keys(SECRET)
+            .verify(&capped.sign(user, now, u64::MAX))
+            .is_ok());
     }
 
     #[test]

@@ -50,6 +50,8 @@ pub const METRICS: &[Entry] = &[
     ("send_writers_busy", Gauge, "Conversation writers running a batch now."),
     ("sync_requests_total", Counter, "GET /sync answers, by kind (initial: no cursor; delta: with one; continuation: the rest of a sync that did not fit one answer)."),
     ("sync_answers_cut_total", Counter, "GET /sync answers that stopped at a bound and hand out a continuation, by bound (conversations: sync.max_conversations; bytes: sync.max_bytes)."),
+    ("member_checks_total", Counter, "Membership checks before a member-only write, by result (cached: a member remembered; member: asked of PostgreSQL; refused: not a member, 404 before any queue or lock)."),
+    ("member_cache_entries", Gauge, "(conversation, member) pairs remembered by the membership gate (membership.cache_max_entries)."),
     ("readyz_probes_total", Counter, "Database probes of the public /readyz (its answer is kept for 1 s, so at most one a second)."),
     ("member_limit_rejections_total", Counter, "Member changes refused 409 for passing limits.max_group_members."),
     ("rate_limited_total", Counter, "Requests refused 429 by a rate limit, by kind (send, create, member_change, read: per user; demo_token: all callers together)."),

@@ -521,7 +521,9 @@ async fn ws(State(gw): State<Gateway>, headers: HeaderMap, upgrade: WebSocketUpg
                     return;
                 }
             };
-            session.token_expires = Some(tokio::time::Instant::now() + expires_in);
+            // An `exp` far ahead (allowed only without auth.max_lifetime_secs) is no
+            // deadline at all, rather than an Instant that overflows.
+            session.token_expires = tokio::time::Instant::now().checked_add(expires_in);
             let id = session.id;
             let (sink, stream) = socket.split();
             let mut stop = gw.shutdown.clone();

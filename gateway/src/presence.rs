@@ -84,7 +84,7 @@ impl Publisher {
         if self.publish(&sessions.counts()).await {
             resync::broadcast(
                 sessions,
-                "presence",
+                resync::Cause::Presence,
                 &format!(
                     "pushes may have been lost: the broker acknowledged none of this gateway's \
                      presence records for {:.1} s, longer than a lease",

@@ -10,8 +10,10 @@
 //! - **deliveries**: its `chat.deliveries` reader was stalled (`/readyz` 503, for
 //!   `readers.stall_after_ms` at least). Sent when the reader is healthy again.
 //!
-//! The frame: `{"type":"resync","reason":"…"}`. A client answers it as it answers a
-//! reconnect: `GET /sync` (docs/protocol.md). One outage may bring more than one.
+//! The frame: `{"type":"resync","reason":"…"}`, the reason one of the fixed sentences of
+//! [`Cause`]: what went wrong inside (broker addresses, librdkafka's errors) is for the
+//! log, never for clients. A client answers it as it answers a reconnect: `GET /sync`
+//! (docs/protocol.md). One outage may bring more than one.
 
 use std::time::Duration;
 
@@ -23,13 +25,40 @@ use crate::sessions::Sessions;
 /// The frame's `type`.
 pub const RESYNC: &str = "resync";
 
-/// Sends the frame to every session; returns how many got it.
-pub fn broadcast(sessions: &Sessions, cause: &'static str, reason: &str) -> usize {
-    let frame = serde_json::json!({"type": RESYNC, "reason": reason}).to_string();
+/// Why clients are told to resync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// Presence records went unacknowledged for a whole lease.
+    Presence,
+    /// The `chat.deliveries` reader was stalled.
+    Deliveries,
+}
+
+impl Cause {
+    /// The label of `gateway_resyncs_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Presence => "presence",
+            Self::Deliveries => "deliveries",
+        }
+    }
+
+    /// What the client reads: fixed, nothing of the gateway's insides.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::Presence => "pushes may have been lost: this gateway could not renew its presence for a whole lease",
+            Self::Deliveries => "pushes may have been lost: this gateway's deliveries stalled",
+        }
+    }
+}
+
+/// Sends the frame to every session; returns how many got it. `detail` goes to the log.
+pub fn broadcast(sessions: &Sessions, cause: Cause, detail: &str) -> usize {
+    let frame = serde_json::json!({"type": RESYNC, "reason": cause.reason()}).to_string();
     let sent = sessions.push(&sessions.online(), &frame);
-    metrics::counter!("gateway_resyncs_total", "cause" => cause).increment(1);
+    metrics::counter!("gateway_resyncs_total", "cause" => cause.label()).increment(1);
     metrics::counter!("gateway_resync_frames_total").increment(sent as u64);
-    tracing::info!(cause, sessions = sent, "resync: {reason}");
+    tracing::info!(cause = cause.label(), sessions = sent, "resync: {detail}");
     sent
 }
 
@@ -102,7 +131,7 @@ pub async fn watch_readers(
                         "pushes may have been lost: {why} (healthy again after {:.1} s)",
                         since.elapsed().as_secs_f64()
                     );
-                    broadcast(&sessions, "deliveries", &reason);
+                    broadcast(&sessions, Cause::Deliveries, &reason);
                 }
             }
         }

@@ -218,6 +218,25 @@ async fn a_session_is_closed_with_4002_when_its_token_expires_and_a_new_token_re
     assert_eq!(frame, Message::text(r#"{"type":"x"}"#));
 }
 
+/// Without a lifetime cap, an `exp` at the end of time is a session without a deadline,
+/// not a timer that overflows: the socket is served.
+#[tokio::test]
+async fn a_token_that_expires_at_the_end_of_time_is_served_without_a_panic() {
+    let (url, sessions, keys) = start().await;
+    let now = chatpipe_core::auth::unix_now();
+    let user = UserId::new(31).unwrap();
+    let endless = keys.sign(user, now, u64::MAX);
+    let mut ws = connect(&url, None, Some(format!("Bearer {endless}"))).await;
+    online(&sessions, 31).await;
+    assert_eq!(sessions.push(&[user], r#"{"type":"x"}"#), 1);
+    let frame = tokio::time::timeout(Duration::from_secs(5), ws.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(frame, Message::text(r#"{"type":"x"}"#));
+}
+
 #[tokio::test]
 async fn past_the_per_user_cap_the_oldest_session_closes_with_4008_and_past_the_total_the_newest_gets_1013(
 ) {

@@ -38,6 +38,7 @@ pub struct Settings {
     pub reads: ReadSettings,
     pub kafka: KafkaSettings,
     pub sends: crate::store::send::SendSettings,
+    pub membership: crate::store::members::MembershipSettings,
     pub rate_limits: crate::rate::RateLimitSettings,
     pub demo: crate::routes::demo::DemoSettings,
 }

@@ -63,6 +63,12 @@ async fn main() -> anyhow::Result<()> {
         Command::Token { user, ttl } => {
             let user = UserId::new(user).context("--user")?;
             let keys = settings.auth.token_keys()?;
+            if let Some(max) = keys.max_lifetime_secs() {
+                anyhow::ensure!(
+                    ttl <= max,
+                    "--ttl {ttl} is over auth.max_lifetime_secs ({max}): the token would be refused"
+                );
+            }
             println!("{}", keys.issue(user, Duration::from_secs(ttl)));
         }
     }

@@ -95,6 +95,7 @@ impl Application {
         let store = Store {
             pool: pool.clone(),
             outbox: Outbox::new(codec, settings.outbox.delete_after_write),
+            members: crate::store::members::Members::new(settings.membership),
         };
         let sends = SendQueue::new(store.clone(), settings.sends.clone());
         let rate = RateLimits::new(&settings.rate_limits, settings.demo.tokens);

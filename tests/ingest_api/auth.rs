@@ -118,11 +118,15 @@ async fn a_non_member_is_refused_on_every_conversation_endpoint_as_if_it_did_not
 }
 
 /// A standard HS256 token as other issuers make it: no `iat` (RFC 7519 makes it
-/// optional), with `nbf`. And a 401 says what is wrong in plain words, not the parser's.
+/// optional), with `nbf`: accepted where no lifetime cap is set, refused by the default
+/// cap (`auth.max_lifetime_secs`, 24 h), which needs `iat` to measure a token, as is one
+/// that lives a second longer than the cap. And a 401 says what is wrong in plain words,
+/// not the parser's.
 #[tokio::test]
 async fn a_standard_token_without_iat_is_accepted_and_refusals_are_plain_words() {
     use jsonwebtoken::{encode, EncodingKey, Header};
     let app = spawn_app().await;
+    let uncapped = chatpipe_tests::spawn_app_with(|s| s.auth.max_lifetime_secs = None).await;
     let now = chatpipe_core::auth::unix_now();
     let sign = |claims: serde_json::Value| {
         encode(
@@ -133,8 +137,20 @@ async fn a_standard_token_without_iat_is_accepted_and_refusals_are_plain_words()
         .unwrap()
     };
     let standard = sign(json!({"sub": "42", "exp": now + 600, "nbf": now - 5}));
-    let client = app.with_auth(Some(format!("Bearer {standard}")));
-    client.get("/inbox").await.expect(200);
+    let bearer = Some(format!("Bearer {standard}"));
+    uncapped
+        .with_auth(bearer.clone())
+        .get("/inbox")
+        .await
+        .expect(200);
+    let problem = app.with_auth(bearer).get("/inbox").await.problem(401);
+    assert_eq!(problem["detail"], "the token has no `iat` claim");
+    let day = 86_400;
+    let full_day = sign(json!({"sub": "42", "iat": now, "exp": now + day}));
+    app.with_auth(Some(format!("Bearer {full_day}")))
+        .get("/inbox")
+        .await
+        .expect(200);
 
     let refusals = [
         (
@@ -150,8 +166,16 @@ async fn a_standard_token_without_iat_is_accepted_and_refusals_are_plain_words()
             r#"unsupported token algorithm "none": tokens are signed with HS256"#,
         ),
         (
-            sign(json!({"exp": now + 600})),
+            sign(json!({"iat": now, "exp": now + 600})),
             "the token has no `sub` claim",
+        ),
+        (
+            sign(json!({"sub": "42", "iat": now, "exp": now + day + 1})),
+            "the token lives longer than 86400 s (exp - iat): ask for a shorter one",
+        ),
+        (
+            sign(json!({"sub": "42", "iat": now, "exp": u64::MAX})),
+            "the token lives longer than 86400 s (exp - iat): ask for a shorter one",
         ),
     ];
     for (token, words) in refusals {

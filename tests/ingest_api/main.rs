@@ -13,6 +13,7 @@ mod group_commit;
 mod inbox;
 mod limits;
 mod migrations;
+mod nonmembers;
 mod operations;
 mod read_limits;
 mod reads;

@@ -234,6 +234,15 @@ async fn broker_fault(fault: Fault) {
         .await;
     let resync_back = returned.elapsed();
     eprintln!("bob's socket got {resync}");
+    // A fixed sentence: nothing of the broker's errors reaches a client.
+    let fixed = [
+        gateway::resync::Cause::Presence.reason(),
+        gateway::resync::Cause::Deliveries.reason(),
+    ];
+    assert!(
+        fixed.contains(&resync["reason"].as_str().unwrap_or_default()),
+        "{resync}"
+    );
     let caught_up = p
         .app
         .user(bob)

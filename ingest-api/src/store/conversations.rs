@@ -268,6 +268,7 @@ pub async fn add_members(
     user_ids: &[i64],
     max_members: usize,
 ) -> Result<MembersAdded, StoreError> {
+    db.members.require(&db.pool, conversation, caller).await?;
     let mut tx = db.pool.begin().await?;
     let locked = lock_group_as_member(&mut tx, conversation, caller).await?;
     require_admin(&locked, "add members")?;
@@ -305,6 +306,7 @@ pub async fn remove_member(
     caller: UserId,
     user: UserId,
 ) -> Result<(), StoreError> {
+    db.members.require(&db.pool, conversation, caller).await?;
     let mut tx = db.pool.begin().await?;
     let locked = lock_group_as_member(&mut tx, conversation, caller).await?;
     if user != caller {
@@ -358,6 +360,7 @@ pub async fn remove_member(
     }
     db.outbox.write(&mut tx, &events).await?;
     tx.commit().await?;
+    db.members.forget(conversation, user);
     Ok(())
 }
 
@@ -401,6 +404,7 @@ pub async fn set_role(
     user: UserId,
     role: Role,
 ) -> Result<RoleSet, StoreError> {
+    db.members.require(&db.pool, conversation, caller).await?;
     let mut tx = db.pool.begin().await?;
     let locked = lock_group_as_member(&mut tx, conversation, caller).await?;
     require_admin(&locked, "change roles")?;

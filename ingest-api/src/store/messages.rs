@@ -157,6 +157,7 @@ pub async fn edit(
     seq: Seq,
     body: &str,
 ) -> Result<Edited, StoreError> {
+    db.members.require(&db.pool, conversation, caller).await?;
     let mut tx = db.pool.begin().await?;
     let target = lock_target(&mut tx, conversation, caller, seq).await?;
     if target.sender != caller {
@@ -219,6 +220,7 @@ pub async fn delete(
     caller: UserId,
     seq: Seq,
 ) -> Result<Deleted, StoreError> {
+    db.members.require(&db.pool, conversation, caller).await?;
     let mut tx = db.pool.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(conversation.get())

@@ -3,6 +3,7 @@
 
 pub mod conversations;
 pub mod inbox;
+pub mod members;
 pub mod messages;
 pub mod reads;
 pub mod send;
@@ -16,6 +17,8 @@ use sqlx::PgPool;
 pub struct Store {
     pub pool: PgPool,
     pub outbox: Outbox,
+    /// Asked before any write only members may make ([`members`]).
+    pub members: members::Members,
 }
 
 pub use chatpipe_core::outbox::now;

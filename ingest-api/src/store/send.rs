@@ -152,6 +152,17 @@ impl SendQueue {
         client_msg_id: Uuid,
         body: &MessageBody,
     ) -> Result<SendOutcome, SendError> {
+        // A non-member gets no lane (store/members.rs); the statement checks again.
+        let store = &self.inner.store;
+        match store
+            .members
+            .require(&store.pool, conversation, sender)
+            .await
+        {
+            Ok(()) => {}
+            Err(super::StoreError::Database(e)) => return Err(SendError::Database(Arc::new(e))),
+            Err(_) => return Err(SendError::NotFound),
+        }
         let (reply, answer) = oneshot::channel();
         let pending = Pending {
             conversation,
