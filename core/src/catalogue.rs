@@ -128,7 +128,8 @@ pub const METRICS: &[Entry] = &[
     ("gateway_resyncs_total", Counter, "Times the gateway told every client to catch up over REST, by cause (presence lapsed, deliveries reader stalled)."),
     ("gateway_resync_frames_total", Counter, "resync frames sent to sessions."),
     ("gateway_client_frames_total", Counter, "Frames clients sent, by kind (ack, typing, unknown, invalid)."),
-    ("gateway_acks_total", Counter, "Delivery acks from clients, by result (produced, failed, dropped)."),
+    ("gateway_acks_total", Counter, "Delivery acks from clients, by result (produced, failed, dropped; coalesced: held back, a later one carries it)."),
+    ("gateway_frame_floods_total", Counter, "Connections closed 1008 \"too many frames\": more text frames than signals.frames allows."),
     ("gateway_typing_total", Counter, "Typing signals from clients, by result (produced, throttled, failed, dropped)."),
 ];
 

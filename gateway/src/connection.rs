@@ -11,6 +11,9 @@ use crate::sessions::{Outbound, Session};
 
 /// Close code 1008 (policy violation): the client did not keep up.
 pub const CLOSE_OVERFLOW: u16 = 1008;
+/// Close code 1008 too, with another reason: the client sent more frames than
+/// `signals.frames` allows.
+pub const CLOSE_FLOODED: u16 = 1008;
 /// Close code 1001 (going away): no pong for two heartbeats, or the gateway stops.
 pub const CLOSE_GOING_AWAY: u16 = 1001;
 /// Close code 1013 (try again later): the gateway holds `sessions.max_sessions`.
@@ -37,6 +40,39 @@ pub enum Ended {
     Shutdown,
     TokenExpired,
     Replaced,
+    /// The client sent text frames faster than its connection's bucket allows.
+    Flooded,
+}
+
+/// What a connection does with what its client says (the gateway's: `signals.rs`).
+pub trait ClientFrames {
+    /// One text frame. `false`: the client is flooding; the connection closes.
+    fn text(&mut self, text: &str) -> bool;
+    /// When [`ClientFrames::flush`] has something due, if ever.
+    fn next_flush(&self) -> Option<Instant>;
+    /// Passes on what was held back until now.
+    fn flush(&mut self);
+    /// The connection ended: passes on everything still held back.
+    fn end(&mut self) {}
+}
+
+/// A connection that ignores what its client says.
+impl ClientFrames for () {
+    fn text(&mut self, _: &str) -> bool {
+        true
+    }
+    fn next_flush(&self) -> Option<Instant> {
+        None
+    }
+    fn flush(&mut self) {}
+}
+
+/// Sleeps until `at`, or for ever.
+async fn until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 pub async fn serve<S, R, E>(
@@ -50,17 +86,35 @@ where
     S: Sink<Message> + Unpin,
     R: Stream<Item = Result<Message, E>> + Unpin,
 {
-    serve_with(sink, stream, session, heartbeat, shutdown, |_| {}).await
+    serve_with(sink, stream, session, heartbeat, shutdown, ()).await
 }
 
-/// [`serve`], handing each text frame the client sends to `on_text`.
+/// [`serve`], handing each text frame the client sends to `frames`, and ending them
+/// when the connection ends, however it does.
 pub async fn serve_with<S, R, E>(
+    sink: S,
+    stream: R,
+    session: Session,
+    heartbeat: Duration,
+    shutdown: impl std::future::Future<Output = ()>,
+    mut frames: impl ClientFrames,
+) -> Ended
+where
+    S: Sink<Message> + Unpin,
+    R: Stream<Item = Result<Message, E>> + Unpin,
+{
+    let ended = serve_frames(sink, stream, session, heartbeat, shutdown, &mut frames).await;
+    frames.end();
+    ended
+}
+
+async fn serve_frames<S, R, E>(
     mut sink: S,
     mut stream: R,
     mut session: Session,
     heartbeat: Duration,
     shutdown: impl std::future::Future<Output = ()>,
-    mut on_text: impl FnMut(&str),
+    frames: &mut impl ClientFrames,
 ) -> Ended
 where
     S: Sink<Message> + Unpin,
@@ -103,7 +157,11 @@ where
                 // Acks (see `acks.rs`); anything the client says proves it is alive.
                 Some(Ok(Message::Text(text))) => {
                     last_heard = Instant::now();
-                    on_text(text.as_str());
+                    if !frames.text(text.as_str()) {
+                        metrics::counter!("gateway_frame_floods_total").increment(1);
+                        close(&mut sink, CLOSE_FLOODED, "too many frames", patience).await;
+                        return Ended::Flooded;
+                    }
                 }
                 // Pongs, pings and binary frames: alive, nothing more.
                 Some(Ok(_)) => last_heard = Instant::now(),
@@ -117,6 +175,7 @@ where
                     return ended;
                 }
             }
+            () = until(frames.next_flush()) => frames.flush(),
             () = &mut expiry => {
                 metrics::counter!("gateway_tokens_expired_total").increment(1);
                 close(&mut sink, CLOSE_TOKEN_EXPIRED, "token expired; reconnect with a new token", patience).await;

@@ -82,6 +82,14 @@ pub struct SignalSettings {
     /// How long a signal may wait for the broker before it is given up (acks are
     /// cumulative: the next covers it; typing late is worth nothing).
     pub produce_timeout_ms: u64,
+    /// Text frames one connection may send: past it, it is closed (1008 "too many frames").
+    pub frames: signals::FrameBucket,
+    /// A conversation's acks leave a connection at most once per this long, the highest
+    /// seq of those held back.
+    pub ack_interval_ms: u64,
+    /// Signals waiting for the broker, all connections together (the producer's queue):
+    /// past it, new ones are dropped (gateway_acks_total{result="dropped"}).
+    pub queue_max_messages: u32,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -178,6 +186,10 @@ pub async fn run(
             .kafka
             .producer()
             .set("message.timeout.ms", sig.produce_timeout_ms.to_string())
+            .set(
+                "queue.buffering.max.messages",
+                sig.queue_max_messages.to_string(),
+            )
             .create_guarded()
             .context("creating the Kafka producer of client signals")?,
         acks_codec: wait_for(
@@ -199,6 +211,8 @@ pub async fn run(
         .context("registering the chat.ephemeral schema")?,
         ephemeral_topic: sig.ephemeral_topic.clone(),
         typing_interval: Duration::from_millis(sig.typing_interval_ms),
+        frames: sig.frames,
+        ack_interval: Duration::from_millis(sig.ack_interval_ms),
     };
     let sessions = Sessions::new(settings.sessions.queue_bound).with_caps(
         settings.sessions.max_sessions,
@@ -530,10 +544,9 @@ async fn ws(State(gw): State<Gateway>, headers: HeaderMap, upgrade: WebSocketUpg
             let shutdown = async move {
                 let _ = stop.wait_for(|s| *s).await;
             };
-            let mut signals = gw.signals.connection(user);
-            let on_text = move |text: &str| signals.handle(text);
+            let signals = gw.signals.connection(user);
             let ended =
-                connection::serve_with(sink, stream, session, gw.heartbeat, shutdown, on_text)
+                connection::serve_with(sink, stream, session, gw.heartbeat, shutdown, signals)
                     .await;
             gw.sessions.leave(user, id);
             tracing::debug!(%user, session = id, ?ended, "connection ended");

@@ -7,12 +7,24 @@
 //!   non-member's ack is dropped and counted; a seq above the last one is clamped). Acks
 //!   are cumulative, so one lost to a broker outage is made good by the next: they are
 //!   sent without waiting for the broker.
+//!   A connection passes on a conversation's acks at most once per `ack_interval_ms`:
+//!   the first at once, the highest seq of those that come within the interval at its
+//!   end.
 //! - `{"type": "typing", "conversationId": …}`: produced onto `chat.ephemeral` (never
 //!   PostgreSQL, never `chat.events`), at most once per `typing_interval_ms` per
-//!   conversation and connection; fanout checks membership and throttles per user.
+//!   conversation and connection (the last 64 conversations remembered, least recently
+//!   used forgotten first); fanout checks membership and throttles per user.
+//!
+//! Every text frame takes a token of its connection's bucket (`signals.frames`); a client
+//! past it is closed with 1008 "too many frames", so one socket cannot fill the signals'
+//! producer queue that every connection of the gateway shares.
 
-use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use governor::{DefaultDirectRateLimiter, Quota};
+use lru::LruCache;
+use tokio::time::Instant;
 
 use chatpipe_core::kafka::FutureProducer;
 use chatpipe_core::{ConversationId, Seq, UserId};
@@ -30,6 +42,31 @@ pub struct Signals {
     pub ephemeral_topic: String,
     /// At most one typing signal per conversation per this long leaves a connection.
     pub typing_interval: Duration,
+    /// Text frames per connection.
+    pub frames: FrameBucket,
+    /// At most one ack per conversation per this long leaves a connection.
+    pub ack_interval: Duration,
+}
+
+/// `signals.frames`: `rate` text frames per `per_secs` seconds, `burst` at once.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FrameBucket {
+    pub rate: u32,
+    pub per_secs: u32,
+    pub burst: u32,
+}
+
+impl FrameBucket {
+    fn limiter(self) -> DefaultDirectRateLimiter {
+        let rate = NonZeroU32::new(self.rate.max(1)).expect("at least 1");
+        let period = Duration::from_secs(u64::from(self.per_secs.max(1))) / rate.get();
+        let burst = NonZeroU32::new(self.burst).unwrap_or(rate);
+        let quota = Quota::with_period(period)
+            .expect("a period of at least a nanosecond")
+            .allow_burst(burst);
+        governor::RateLimiter::direct(quota)
+    }
 }
 
 /// A client frame, by its `type`.
@@ -89,23 +126,80 @@ pub fn parse(text: &str) -> Result<ClientFrame, String> {
     }
 }
 
-/// One connection's side: who it is, and when it last passed on typing per conversation.
+/// One connection's side: who it is, its frame bucket, and when it last passed on an
+/// ack and typing per conversation.
 pub struct ConnectionSignals {
     signals: Signals,
     user: UserId,
-    typed: HashMap<ConversationId, Instant>,
+    frames: DefaultDirectRateLimiter,
+    typed: LruCache<ConversationId, Instant>,
+    acked: LruCache<ConversationId, Acked>,
 }
 
-/// Conversations a connection remembers typing in; past it, the memory starts over.
-const MAX_TYPING_REMEMBERED: usize = 64;
+/// A conversation's acks on one connection: when one last left, and the highest seq
+/// held back since.
+#[derive(Debug, Clone, Copy)]
+struct Acked {
+    sent_at: Instant,
+    held: Option<Seq>,
+}
+
+/// Conversations a connection remembers typing and acks in (least recently used
+/// forgotten first; a forgotten held-back ack leaves at once).
+const REMEMBERED: usize = 64;
 
 impl Signals {
     /// The signals of one of `user`'s connections.
     pub fn connection(&self, user: UserId) -> ConnectionSignals {
+        let remembered = std::num::NonZeroUsize::new(REMEMBERED).expect("more than 0");
         ConnectionSignals {
             signals: self.clone(),
             user,
-            typed: HashMap::new(),
+            frames: self.frames.limiter(),
+            typed: LruCache::new(remembered),
+            acked: LruCache::new(remembered),
+        }
+    }
+}
+
+impl crate::connection::ClientFrames for ConnectionSignals {
+    fn text(&mut self, text: &str) -> bool {
+        if self.frames.check().is_err() {
+            return false;
+        }
+        self.handle(text);
+        true
+    }
+
+    fn next_flush(&self) -> Option<Instant> {
+        self.acked
+            .iter()
+            .filter(|(_, a)| a.held.is_some())
+            .map(|(_, a)| a.sent_at + self.signals.ack_interval)
+            .min()
+    }
+
+    fn flush(&mut self) {
+        let now = Instant::now();
+        let due: Vec<(ConversationId, Seq)> = self
+            .acked
+            .iter()
+            .filter(|(_, a)| now >= a.sent_at + self.signals.ack_interval)
+            .filter_map(|(c, a)| a.held.map(|seq| (*c, seq)))
+            .collect();
+        for (conversation, seq) in due {
+            self.send_ack(conversation, seq, now);
+        }
+    }
+
+    fn end(&mut self) {
+        let held: Vec<(ConversationId, Seq)> = self
+            .acked
+            .iter()
+            .filter_map(|(c, a)| a.held.map(|seq| (*c, seq)))
+            .collect();
+        for (conversation, seq) in held {
+            self.produce_ack(conversation, seq);
         }
     }
 }
@@ -114,23 +208,61 @@ impl ConnectionSignals {
     /// Acts on one text frame of the connection.
     pub fn handle(&mut self, text: &str) {
         let user = self.user;
-        let (conversation, seq) = match parse(text) {
-            Ok(ClientFrame::Ack { conversation, seq }) => (conversation, seq),
-            Ok(ClientFrame::Typing { conversation }) => return self.typing(conversation),
+        match parse(text) {
+            Ok(ClientFrame::Ack { conversation, seq }) => self.ack(conversation, seq),
+            Ok(ClientFrame::Typing { conversation }) => self.typing(conversation),
             Ok(ClientFrame::Unknown) => {
                 metrics::counter!("gateway_client_frames_total", "kind" => "unknown").increment(1);
-                return;
             }
             Err(why) => {
                 metrics::counter!("gateway_client_frames_total", "kind" => "invalid").increment(1);
                 tracing::debug!(%user, why, "a client frame that is not one: ignored");
+            }
+        }
+    }
+
+    /// Passes the ack on at once if none of the conversation left within the interval;
+    /// holds it back (the highest seq) otherwise.
+    fn ack(&mut self, conversation: ConversationId, seq: Seq) {
+        metrics::counter!("gateway_client_frames_total", "kind" => "ack").increment(1);
+        let now = Instant::now();
+        if let Some(acked) = self.acked.get_mut(&conversation) {
+            if now < acked.sent_at + self.signals.ack_interval {
+                acked.held = Some(acked.held.map_or(seq, |held| held.max(seq)));
+                metrics::counter!("gateway_acks_total", "result" => "coalesced").increment(1);
                 return;
             }
-        };
-        metrics::counter!("gateway_client_frames_total", "kind" => "ack").increment(1);
+        }
+        self.send_ack(conversation, seq, now);
+    }
+
+    fn send_ack(&mut self, conversation: ConversationId, seq: Seq, now: Instant) {
+        let forgotten = self.acked.push(
+            conversation,
+            Acked {
+                sent_at: now,
+                held: None,
+            },
+        );
+        // A conversation pushed out of the memory takes its held-back ack with it.
+        if let Some((
+            other,
+            Acked {
+                held: Some(held), ..
+            },
+        )) = forgotten
+        {
+            if other != conversation {
+                self.produce_ack(other, held);
+            }
+        }
+        self.produce_ack(conversation, seq);
+    }
+
+    fn produce_ack(&self, conversation: ConversationId, seq: Seq) {
         let receipt = ReadReceipt {
             conversation_id: conversation,
-            user_id: user,
+            user_id: self.user,
             seq,
             at: chatpipe_core::outbox::now(),
         };
@@ -154,10 +286,7 @@ impl ConnectionSignals {
             metrics::counter!("gateway_typing_total", "result" => "throttled").increment(1);
             return;
         }
-        if self.typed.len() >= MAX_TYPING_REMEMBERED {
-            self.typed.clear();
-        }
-        self.typed.insert(conversation, now);
+        self.typed.put(conversation, now);
         let signal = Ephemeral {
             kind: TYPING.into(),
             conversation_id: conversation,

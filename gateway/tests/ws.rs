@@ -40,6 +40,12 @@ async fn start_with(sessions: Sessions) -> (String, Sessions, TokenKeys) {
             ephemeral_codec: chatpipe_schemas::ephemeral::EphemeralCodec::new(1),
             ephemeral_topic: "no-broker".into(),
             typing_interval: Duration::from_secs(1),
+            frames: gateway::signals::FrameBucket {
+                rate: 60,
+                per_secs: 1,
+                burst: 120,
+            },
+            ack_interval: Duration::from_millis(500),
         },
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -25,6 +25,15 @@ pub struct Bucket {
     pub burst: u32,
 }
 
+impl Bucket {
+    /// No limit (`rate = 0`).
+    pub const OFF: Bucket = Bucket {
+        rate: 0,
+        per_secs: 1,
+        burst: 0,
+    };
+}
+
 /// `[rate_limits]`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -194,11 +203,7 @@ mod tests {
     use super::*;
 
     fn settings(sends: Bucket) -> RateLimitSettings {
-        let off = Bucket {
-            rate: 0,
-            per_secs: 1,
-            burst: 0,
-        };
+        let off = Bucket::OFF;
         RateLimitSettings {
             sends,
             creates: off,

@@ -7,15 +7,7 @@ use chatpipe_tests::{spawn_app, TestApp};
 use serde_json::json;
 
 async fn delivered(app: &TestApp, conv: i64, user: i64) -> (i64, i64) {
-    sqlx::query_as(
-        "SELECT last_read_seq, last_delivered_seq FROM conversation_member
-          WHERE conversation_id = $1 AND user_id = $2",
-    )
-    .bind(conv)
-    .bind(user)
-    .fetch_one(&app.pool)
-    .await
-    .unwrap()
+    app.watermarks(conv, user).await
 }
 
 #[tokio::test]

@@ -76,15 +76,11 @@ async fn every_kind_of_read_takes_from_one_bucket_and_is_refused_with_429_past_i
     ] {
         refused(bob.get(&path).await);
     }
-    let (read, delivered): (i64, i64) = sqlx::query_as(
-        "SELECT last_read_seq, last_delivered_seq FROM conversation_member
-          WHERE conversation_id = $1 AND user_id = 20",
-    )
-    .bind(conv)
-    .fetch_one(&app.pool)
-    .await
-    .unwrap();
-    assert_eq!((read, delivered), (1, 2), "refused marks moved nothing");
+    assert_eq!(
+        app.watermarks(conv, 20).await,
+        (1, 2),
+        "refused marks moved nothing"
+    );
     // Alice's bucket is her own.
     alice.get(&format!("{base}/messages")).await.expect(200);
     let metrics = app.metrics().await;

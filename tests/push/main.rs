@@ -4,6 +4,7 @@
 mod bad_records;
 mod browser;
 mod fanout;
+mod flood;
 mod gateway_restart;
 mod late_start;
 mod limits;
@@ -283,15 +284,7 @@ async fn an_ack_over_the_websocket_moves_the_delivery_watermark_and_a_strangers_
         (frame["userId"].clone(), frame["lastDeliveredSeq"].clone()),
         (bob.into(), seq.into())
     );
-    let (read, delivered): (i64, i64) = sqlx::query_as(
-        "SELECT last_read_seq, last_delivered_seq FROM conversation_member
-          WHERE conversation_id = $1 AND user_id = $2",
-    )
-    .bind(conversation)
-    .bind(bob)
-    .fetch_one(&p.app.pool)
-    .await
-    .unwrap();
+    let (read, delivered) = p.app.watermarks(conversation, bob).await;
     assert_eq!((read, delivered), (0, seq));
     assert_eq!(
         p.app

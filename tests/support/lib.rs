@@ -355,6 +355,19 @@ impl TestApp {
         .await
         .ok()
     }
+
+    /// `user`'s read and delivered watermarks in `conversation` as PostgreSQL has them.
+    pub async fn watermarks(&self, conversation: i64, user: i64) -> (i64, i64) {
+        sqlx::query_as(
+            "SELECT last_read_seq, last_delivered_seq FROM conversation_member
+              WHERE conversation_id = $1 AND user_id = $2",
+        )
+        .bind(conversation)
+        .bind(user)
+        .fetch_one(&self.pool)
+        .await
+        .unwrap_or_else(|e| panic!("user {user}'s watermarks in {conversation}: {e}"))
+    }
 }
 
 #[derive(Clone)]

@@ -383,6 +383,14 @@ impl WsClient {
             .expect("sending a frame");
     }
 
+    /// Sends a text frame; `false` once the socket takes no more (closed).
+    pub async fn try_send_text(&mut self, text: &str) -> bool {
+        self.ws
+            .send(Message::Text(text.to_owned().into()))
+            .await
+            .is_ok()
+    }
+
     /// Keeps reading in the background (answering pings, as a real client does while
     /// its user looks elsewhere) and collects every frame.
     pub fn collect(mut self) -> Collector {
