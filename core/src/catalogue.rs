@@ -32,7 +32,8 @@ pub const METRICS: &[Entry] = &[
     ("http_request_timeouts_total", Counter, "Requests that ran past http.request_timeout_ms and were answered 503."),
     ("http_body_limit_rejections_total", Counter, "Requests refused 413 for a body over http.max_request_bytes."),
     ("http_connections_open", Gauge, "Client connections open on the HTTP listener."),
-    ("http_connections_refused_total", Counter, "Connections refused (503, Retry-After: 1) because http.max_connections were open."),
+    ("http_connections_refused_total", Counter, "Connections refused (503, Retry-After: 1), by reason: total (http.max_connections were open), per_ip (http.max_connections_per_ip from that address)."),
+    ("http_connections_dropped_total", Counter, "Refused connections closed unanswered because http.refusing_at_once were being answered already."),
     ("http_connection_timeouts_total", Counter, "Connections closed for sending no request headers within http.header_read_timeout_ms."),
     // ingest-api.
     ("messages_sent_total", Counter, "Messages committed (each with its seq and its outbox event)."),
@@ -85,7 +86,7 @@ pub const METRICS: &[Entry] = &[
     ("fanout_produce_queue_full_total", Counter, "Times fanout waited because fanout.produce_queue_max lists were unacknowledged."),
     ("fanout_produce_errors_total", Counter, "Fanout lists the broker refused (written again)."),
     ("fanout_typing_pushed_total", Counter, "Typing signals pushed to the other online members."),
-    ("fanout_typing_dropped_total", Counter, "Typing signals dropped, by reason (throttled, stale, non_member, queue_full)."),
+    ("fanout_typing_dropped_total", Counter, "Typing signals dropped, by reason (throttled, stale, non_member, membership_budget: members not cached and fanout.typing_member_loads_per_sec spent, queue_full)."),
     ("fanout_typing_membership_loads_total", Counter, "Membership checks of typing signals that went to PostgreSQL."),
     // pipeline audit.
     ("audit_alarm", Gauge, "1 while the auditor's alarm is firing, by alarm."),

@@ -6,16 +6,23 @@
 //!   accept on a new connection, from the end of the previous response on a keep-alive
 //!   one. So it also closes keep-alive connections idle that long, and a socket that
 //!   never finishes its headers (slowloris) holds nothing past it.
-//! * **Connection cap.** At most `max_connections` HTTP connections are served at once.
-//!   One more is answered `503` with `Retry-After: 1` and closed, once its request's
-//!   head is in (or after a second), without routing it. A connection upgraded to a WebSocket leaves hyper, and this count, at the
-//!   upgrade: the gateway caps its sessions itself.
+//! * **Connection caps.** At most `max_connections` HTTP connections are served at once,
+//!   and at most `max_connections_per_ip` from one client address, so one client holding
+//!   idle keep-alive connections cannot lock everyone else out. One more is answered
+//!   `503` with `Retry-After: 1` and closed, once its request's head is in (or after a
+//!   second), without routing it. A connection upgraded to a WebSocket leaves hyper, and
+//!   these counts, at the upgrade: the gateway caps its sessions itself.
+//! * **Refusals are bounded too.** At most `refusing_at_once` connections are being
+//!   answered 503 at a time; past that a refused connection is closed at once, unanswered.
 //!
-//! Metrics: `http_connections_open`, `http_connections_refused_total`,
+//! Metrics: `http_connections_open`, `http_connections_refused_total{reason}` (`total`,
+//! `per_ip`), `http_connections_dropped_total` (closed unanswered),
 //! `http_connection_timeouts_total` (closed by the header-read timeout).
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
@@ -31,6 +38,56 @@ use tokio::sync::{watch, Semaphore};
 pub struct ConnectionLimits {
     pub header_read_timeout_ms: u64,
     pub max_connections: usize,
+    pub max_connections_per_ip: usize,
+    pub refusing_at_once: usize,
+}
+
+impl ConnectionLimits {
+    /// An operators' listener (admin, the processors' metrics): loopback by default, a
+    /// few scrapers.
+    pub const ADMIN: ConnectionLimits = ConnectionLimits {
+        header_read_timeout_ms: 10_000,
+        max_connections: 64,
+        max_connections_per_ip: 64,
+        refusing_at_once: 16,
+    };
+}
+
+/// Connections open per client address.
+#[derive(Clone, Default)]
+struct PerIp(Arc<Mutex<HashMap<IpAddr, usize>>>);
+
+/// One connection's place in its address's count; given back on drop.
+struct IpSlot {
+    counts: PerIp,
+    ip: IpAddr,
+}
+
+impl PerIp {
+    fn take(&self, ip: IpAddr, max: usize) -> Option<IpSlot> {
+        let mut counts = self.0.lock().expect("per-ip lock");
+        let open = counts.entry(ip).or_insert(0);
+        if *open >= max {
+            return None;
+        }
+        *open += 1;
+        Some(IpSlot {
+            counts: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for IpSlot {
+    fn drop(&mut self) {
+        let mut counts = self.counts.0.lock().expect("per-ip lock");
+        if let Some(open) = counts.get_mut(&self.ip) {
+            *open -= 1;
+            if *open == 0 {
+                counts.remove(&self.ip);
+            }
+        }
+    }
 }
 
 /// What a connection over the cap is told before it is closed.
@@ -51,13 +108,15 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let per_ip = PerIp::default();
+    let refusing = Arc::new(Semaphore::new(limits.refusing_at_once.max(1)));
     let header_timeout = Duration::from_millis(limits.header_read_timeout_ms.max(1));
     // Connections hold a receiver; the sender's drop tells them to finish, and
     // `closed()` on it resolves when the last one is gone.
     let (stop_tx, stop_rx) = watch::channel(());
     tokio::pin!(shutdown);
     loop {
-        let (stream, _peer) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(err) => {
@@ -69,9 +128,12 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
+        let Some(ip_slot) = per_ip.take(peer.ip(), limits.max_connections_per_ip.max(1)) else {
+            refuse_bounded(stream, "per_ip", &refusing);
+            continue;
+        };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
-            metrics::counter!("http_connections_refused_total").increment(1);
-            tokio::spawn(refuse(stream));
+            refuse_bounded(stream, "total", &refusing);
             continue;
         };
         let _ = stream.set_nodelay(true);
@@ -103,6 +165,7 @@ pub async fn serve(
             }
             metrics::gauge!("http_connections_open").decrement(1.0);
             drop(slot);
+            drop(ip_slot);
             drop(stop);
         });
     }
@@ -111,6 +174,24 @@ pub async fn serve(
     let _ = stop_tx.send(());
     stop_tx.closed().await;
     Ok(())
+}
+
+/// Refuses a connection over a cap: answered 503 while fewer than `refusing_at_once` are
+/// being answered, closed unanswered past that.
+fn refuse_bounded(stream: TcpStream, reason: &'static str, refusing: &Arc<Semaphore>) {
+    metrics::counter!("http_connections_refused_total", "reason" => reason).increment(1);
+    match refusing.clone().try_acquire_owned() {
+        Ok(permit) => {
+            tokio::spawn(async move {
+                refuse(stream).await;
+                drop(permit);
+            });
+        }
+        Err(_) => {
+            metrics::counter!("http_connections_dropped_total").increment(1);
+            drop(stream);
+        }
+    }
 }
 
 /// Answers 503 to a connection over the cap and closes it, within a second. The

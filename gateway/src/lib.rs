@@ -120,6 +120,8 @@ pub struct HttpSettings {
     pub addr: SocketAddr,
     pub header_read_timeout_ms: u64,
     pub max_connections: usize,
+    pub max_connections_per_ip: usize,
+    pub refusing_at_once: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -360,20 +362,18 @@ pub async fn run(
     );
     let admin_stop = stopped(stop_rx.clone());
     let admin_router = pipeline::runtime::http::router(gateway.readiness.clone());
-    let admin_limits = chatpipe_core::http::ConnectionLimits {
-        header_read_timeout_ms: settings.http.header_read_timeout_ms,
-        max_connections: 64,
-    };
     tokio::spawn(chatpipe_core::http::serve(
         admin,
         admin_router,
-        admin_limits,
+        chatpipe_core::http::ConnectionLimits::ADMIN,
         admin_stop,
     ));
     let server_stop = stopped(stop_rx);
     let limits = chatpipe_core::http::ConnectionLimits {
         header_read_timeout_ms: settings.http.header_read_timeout_ms,
         max_connections: settings.http.max_connections,
+        max_connections_per_ip: settings.http.max_connections_per_ip,
+        refusing_at_once: settings.http.refusing_at_once,
     };
     supervisor.spawn_async("http", async move {
         chatpipe_core::http::serve(listener, gateway.router(), limits, server_stop)

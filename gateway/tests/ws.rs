@@ -53,6 +53,8 @@ async fn start_with(sessions: Sessions) -> (String, Sessions, TokenKeys) {
     let limits = chatpipe_core::http::ConnectionLimits {
         header_read_timeout_ms: 10_000,
         max_connections: 1_000,
+        max_connections_per_ip: 1_000,
+        refusing_at_once: 16,
     };
     tokio::spawn(async move {
         let _keep = _stop;

@@ -80,6 +80,8 @@ pub struct HttpSettings {
     pub shutdown_grace_ms: u64,
     pub header_read_timeout_ms: u64,
     pub max_connections: usize,
+    pub max_connections_per_ip: usize,
+    pub refusing_at_once: usize,
     /// Origins a browser may call the API from (CORS); empty: none but the API's own.
     pub cors_allowed_origins: Vec<String>,
 }
@@ -132,6 +134,8 @@ impl HttpSettings {
         chatpipe_core::http::ConnectionLimits {
             header_read_timeout_ms: self.header_read_timeout_ms,
             max_connections: self.max_connections,
+            max_connections_per_ip: self.max_connections_per_ip,
+            refusing_at_once: self.refusing_at_once,
         }
     }
 }

@@ -185,14 +185,10 @@ impl Application {
         let server =
             chatpipe_core::http::serve(self.listener, self.router, self.connection_limits, signal);
         // The admin listener lives as long as the process; a few connections suffice.
-        let admin_limits = chatpipe_core::http::ConnectionLimits {
-            header_read_timeout_ms: self.connection_limits.header_read_timeout_ms,
-            max_connections: 64,
-        };
         tokio::spawn(chatpipe_core::http::serve(
             self.admin_listener,
             self.admin_router,
-            admin_limits,
+            chatpipe_core::http::ConnectionLimits::ADMIN,
             std::future::pending(),
         ));
         let mut stopped = stop_rx.clone();

@@ -63,6 +63,9 @@ pub struct FanoutSettings {
     pub typing_expiry_ms: u64,
     /// How long the typing reader trusts the members it read from PostgreSQL.
     pub typing_members_ttl_ms: u64,
+    /// Conversations whose members the typing reader may read from PostgreSQL per
+    /// second; a signal for one not cached past it is dropped ("membership_budget").
+    pub typing_member_loads_per_sec: u32,
     pub presence_topic: String,
     pub deliveries_topic: String,
     pub light_threshold: usize,

@@ -238,26 +238,27 @@ async fn a_send_beyond_its_conversations_queue_answers_503_and_its_retry_commits
     // The first send is the writer's batch, waiting for the lock; two more wait in the
     // lane, which is then full.
     let path = format!("/conversations/{conversation}/messages");
-    let queued: Vec<_> = (0..3)
-        .map(|i| {
-            let (base, http, token, path) = (
-                app.base.clone(),
-                app.http.clone(),
-                app.token(10),
-                path.clone(),
-            );
-            tokio::spawn(async move {
-                http.post(format!("{base}{path}"))
-                    .bearer_auth(token)
-                    .json(&json!({"clientMsgId": uuid::Uuid::new_v4(), "body": format!("m{i}")}))
-                    .send()
-                    .await
-                    .unwrap()
-                    .status()
-            })
+    let send = |i: usize| {
+        let (base, http, token, path) = (
+            app.base.clone(),
+            app.http.clone(),
+            app.token(10),
+            path.clone(),
+        );
+        tokio::spawn(async move {
+            http.post(format!("{base}{path}"))
+                .bearer_auth(token)
+                .json(&json!({"clientMsgId": uuid::Uuid::new_v4(), "body": format!("m{i}")}))
+                .send()
+                .await
+                .unwrap()
+                .status()
         })
-        .collect();
+    };
+    // One at first, so that the writer's batch holds it alone.
+    let mut queued = vec![send(0)];
     until_a_send_waits(&app).await;
+    queued.extend([send(1), send(2)]);
     until_sends_wait(&app, 2).await;
 
     let msg = json!({"clientMsgId": uuid::Uuid::new_v4(), "body": "one too many"});

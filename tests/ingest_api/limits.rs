@@ -1,7 +1,7 @@
 //! What a public listener must hold against: per-user rate limits ([rate_limits]) over
 //! which a request answers 429 with Retry-After and changes nothing; sockets that never
 //! finish their headers or sit idle (http.header_read_timeout_ms); and more connections
-//! than http.max_connections.
+//! than http.max_connections, or than http.max_connections_per_ip from one address.
 
 use std::time::{Duration, Instant};
 
@@ -218,4 +218,55 @@ async fn a_connection_over_the_cap_is_answered_503_with_retry_after_and_closed()
     inbox_until(200).await;
     let refusals = metric_sum(&app.metrics().await, "http_connections_refused_total", &[]);
     assert!(refusals.unwrap_or(0.0) >= 1.0);
+}
+
+/// One client address holding `http.max_connections_per_ip` idle connections: its next
+/// connection is refused 503, while a client from another address (127.0.0.2, also this
+/// machine) is served.
+#[tokio::test]
+async fn a_client_over_its_share_of_connections_is_refused_and_another_is_served() {
+    let app = spawn_app_with(|s| {
+        s.http.max_connections_per_ip = 3;
+        s.http.header_read_timeout_ms = 5_000;
+    })
+    .await;
+    let addr = app.base.trim_start_matches("http://").to_owned();
+    let holders = slow_header_sockets(&addr, 3).await;
+    let from = |ip: [u8; 4]| {
+        reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .local_address(std::net::IpAddr::from(ip))
+            .timeout(Duration::from_secs(30))
+            .build()
+            .unwrap()
+    };
+    let (flooder, other) = (from([127, 0, 0, 1]), from([127, 0, 0, 2]));
+    // The accept loop takes the holders in order: once they are in, the fourth is refused.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let refused = loop {
+        let res = flooder
+            .get(format!("{}/healthz", app.base))
+            .send()
+            .await
+            .unwrap();
+        if res.status() == 503 {
+            break res;
+        }
+        assert!(Instant::now() < deadline, "still {}", res.status());
+    };
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let res = other
+        .get(format!("{}/inbox", app.base))
+        .bearer_auth(app.token(10))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200, "another address is served");
+    let per_ip = metric_sum(
+        &app.metrics().await,
+        "http_connections_refused_total",
+        &["reason=\"per_ip\""],
+    );
+    assert!(per_ip.unwrap_or(0.0) >= 1.0, "{per_ip:?}");
+    drop(holders);
 }

@@ -226,3 +226,56 @@ async fn the_throttle_holds_under_a_client_typing_50_times_a_second() {
     gw.stop().await.unwrap();
     p.cleanup().await;
 }
+
+/// A client typing in 40 conversation ids it made up, faster than fanout's budget of
+/// membership loads (2 a second here): PostgreSQL is asked for the members of a bounded
+/// number of them (its own statement count), the rest are dropped, and a member's typing
+/// in a real conversation still arrives once the budget is back.
+#[tokio::test]
+async fn typing_in_made_up_conversations_costs_the_database_a_bounded_rate() {
+    let p = chatpipe_tests::stream::spawn_pipeline().await;
+    let mut settings = p.fanout_settings();
+    settings.fanout.typing_member_loads_per_sec = 2;
+    let fanout = p.start_fanout(settings);
+    let gw = p.start_gateway(p.gateway_settings("gw", 0)).await;
+    let (alice, bob) = (1, 2);
+    let conversation = p.app.user(alice).create_group(&[bob]).await;
+    let mut alice_ws = p.connect(&gw.url, alice).await;
+    let bob_ws = p.connect(&gw.url, bob).await;
+    fanout.wait_online(&[alice, bob], PRESENCE_DEADLINE).await;
+    let mut bob_frames = bob_ws.collect();
+    const LOAD: &str = "SELECT user_id FROM conversation_member WHERE conversation_id = $1";
+    let loads_before = p.app.statement_calls(LOAD).await;
+    let budget_drops = dropped(&p.app, "membership_budget").await;
+
+    let started = Instant::now();
+    for made_up in 0..40 {
+        alice_ws
+            .send_text(&typing(conversation + 1_000 + made_up))
+            .await;
+    }
+    until_dropped(&p.app, "membership_budget", budget_drops, 30.0).await;
+    let took = started.elapsed().as_secs_f64();
+    let loads = p.app.statement_calls(LOAD).await - loads_before;
+    let allowed = 2 * (took.ceil() as i64 + 1);
+    println!("40 made-up conversations in {took:.1} s: {loads} membership loads");
+    assert!(
+        loads <= allowed,
+        "{loads} loads in {took:.1} s (budget 2/s)"
+    );
+
+    // A real conversation, once the budget is back: bob sees alice typing.
+    let deadline = Instant::now() + PUSH_DEADLINE;
+    loop {
+        alice_ws.send_text(&typing(conversation)).await;
+        let seen = bob_frames
+            .try_until(Duration::from_millis(1_100), is_typing(conversation, alice))
+            .await;
+        if seen.is_some() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "bob never saw alice typing");
+    }
+    gw.stop().await.unwrap();
+    p.cleanup().await;
+}

@@ -164,6 +164,7 @@ fn run_typing(
         pushed: HashMap::new(),
         read: HashMap::new(),
         next_sweep: Instant::now(),
+        loads: typing::load_budget(cfg.typing_member_loads_per_sec),
         cfg: cfg.clone(),
     };
     let spec = ReaderSpec::group(

@@ -2,7 +2,10 @@
 //! there) joined with membership and presence into fanout lists on `chat.deliveries`.
 //! Nothing of it touches PostgreSQL's tables or `chat.events`; membership is read from
 //! PostgreSQL (cached for `typing_members_ttl_ms`), so a non-member's typing reaches
-//! nobody and a member removed stops being told within that time.
+//! nobody and a member removed stops being told within that time. At most
+//! `typing_member_loads_per_sec` conversations are read a second: a signal for another
+//! conversation not cached is dropped, so ids a client makes up cost the database a
+//! bounded rate.
 //!
 //! Per (conversation, user), at most one typing signal per `typing_throttle_ms` (3 s) is
 //! pushed, however many devices and frames it comes from; a signal older than
@@ -44,6 +47,14 @@ pub struct Typing {
     /// partition -> the offset after the last record read.
     pub read: HashMap<i32, i64>,
     pub next_sweep: Instant,
+    /// `typing_member_loads_per_sec`.
+    pub loads: governor::DefaultDirectRateLimiter,
+}
+
+/// The budget of membership loads (`typing_member_loads_per_sec`, at least 1).
+pub fn load_budget(per_sec: u32) -> governor::DefaultDirectRateLimiter {
+    let per_sec = std::num::NonZeroU32::new(per_sec.max(1)).expect("at least 1");
+    governor::RateLimiter::direct(governor::Quota::per_second(per_sec))
 }
 
 /// Why a typing signal went to nobody.
@@ -56,14 +67,21 @@ impl Typing {
         Duration::from_millis(self.cfg.typing_throttle_ms)
     }
 
-    /// The members of `conversation`, from the cache or PostgreSQL.
-    fn members_of(&mut self, conversation: ConversationId) -> Result<&HashSet<UserId>, Failure> {
+    /// The members of `conversation`, from the cache or PostgreSQL; `None` when they
+    /// are not cached and the second's loads are spent.
+    fn members_of(
+        &mut self,
+        conversation: ConversationId,
+    ) -> Result<Option<&HashSet<UserId>>, Failure> {
         let ttl = Duration::from_millis(self.cfg.typing_members_ttl_ms);
         let fresh = self
             .members
             .get(&conversation)
             .is_some_and(|(at, _)| at.elapsed() < ttl);
         if !fresh {
+            if self.loads.check().is_err() {
+                return Ok(None);
+            }
             let rows: Vec<i64> = self
                 .handle
                 .block_on(
@@ -82,7 +100,7 @@ impl Typing {
                 .collect();
             self.members.insert(conversation, (Instant::now(), members));
         }
-        Ok(&self.members[&conversation].1)
+        Ok(Some(&self.members[&conversation].1))
     }
 
     fn push(&mut self, e: &Ephemeral) -> Result<(), Failure> {
@@ -100,7 +118,10 @@ impl Typing {
             dropped("throttled");
             return Ok(());
         }
-        let members = self.members_of(e.conversation_id)?;
+        let Some(members) = self.members_of(e.conversation_id)? else {
+            dropped("membership_budget");
+            return Ok(());
+        };
         if !members.contains(&e.user_id) {
             dropped("non_member");
             return Ok(());

@@ -59,6 +59,12 @@ pub async fn serve_with(addr: &str, readiness: Readiness, extra: Router) -> anyh
         .await
         .with_context(|| format!("binding {addr}"))?;
     let app = router(readiness).merge(extra);
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    // The same server loop as every listener of ours: header-read timeout, caps.
+    tokio::spawn(chatpipe_core::http::serve(
+        listener,
+        app,
+        chatpipe_core::http::ConnectionLimits::ADMIN,
+        std::future::pending(),
+    ));
     Ok(())
 }

@@ -79,15 +79,16 @@ pub struct Changed {
 }
 
 /// The caller's conversations with an id below `$3`, changed since `$2` (all of them
-/// when `$2` is NULL), `$4` at most: built once, not per request.
+/// when `$2` is NULL), `$4` at most, walking the index on (user_id, conversation_id)
+/// down from `$3` (migration 20261203000002): built once, not per request.
 static STATES_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
         "SELECT {} {STATE_FROM}
-          WHERE m.user_id = $1 AND c.id < $3
+          WHERE m.user_id = $1 AND m.conversation_id < $3
             AND ($2::pg_snapshot IS NULL
                  OR chat_changed_since(c.changed_xid, $2::pg_snapshot)
                  OR chat_changed_since(m.changed_xid, $2::pg_snapshot))
-          ORDER BY c.id DESC
+          ORDER BY m.conversation_id DESC
           LIMIT $4",
         state_columns(UNREAD)
     )
