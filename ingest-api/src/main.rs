@@ -54,10 +54,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Migrate => {
             let pool = startup::connect(&settings.database).await?;
-            startup::MIGRATOR
-                .run(&pool)
-                .await
-                .context("applying migrations")?;
+            startup::migrate(&pool).await?;
             println!("migrations applied");
         }
         Command::Token { user, ttl } => {

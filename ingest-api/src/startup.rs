@@ -64,7 +64,7 @@ impl Application {
         .context("registering the chat.events schema")?;
         let pool = connect(&settings.database).await?;
         if settings.database.migrate_on_start {
-            MIGRATOR.run(&pool).await.context("applying migrations")?;
+            migrate(&pool).await?;
         }
         let receipts = match settings.reads.mode {
             ReadMode::Direct => None,
@@ -228,6 +228,25 @@ pub async fn connect(db: &DatabaseSettings) -> anyhow::Result<PgPool> {
         .connect_with(options)
         .await
         .context("connecting to PostgreSQL (database.url / DATABASE_URL)")
+}
+
+/// Applies pending migrations, on a connection of their own without the pool's
+/// `statement_timeout`: building an index on a table of production size takes longer than
+/// a request may, and a fresh database on a busy server can take seconds for its first
+/// table. The connection is closed afterwards, not returned to the pool.
+pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
+    let mut conn = pool
+        .acquire()
+        .await
+        .context("a connection to apply migrations")?
+        .detach();
+    sqlx::query("SET statement_timeout = 0")
+        .execute(&mut conn)
+        .await
+        .context("lifting the statement timeout for migrations")?;
+    let applied = MIGRATOR.run(&mut conn).await.context("applying migrations");
+    let _ = sqlx::Connection::close(conn).await;
+    applied
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

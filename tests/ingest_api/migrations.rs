@@ -116,3 +116,20 @@ async fn history_from_before_deletes_and_sync_is_unread_synced_and_deletable() {
     assert_eq!(entry["messages"][0]["deleted"], true);
     assert_eq!(entry["unreadCount"], 2, "2 and 4; 3 is deleted");
 }
+
+/// Migrations run without the pool's statement timeout (an index on a table of
+/// production size takes longer than any request may): a pool whose statements may take
+/// 1 ms still applies every migration to a fresh database.
+#[tokio::test]
+async fn migrations_run_without_the_requests_statement_timeout() {
+    let app = chatpipe_tests::spawn_app_with(|s| s.database.statement_timeout_ms = 1).await;
+    let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations WHERE success")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        applied as usize,
+        ingest_api::startup::MIGRATOR.iter().count(),
+        "every migration applied"
+    );
+}
