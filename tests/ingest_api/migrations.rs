@@ -118,13 +118,21 @@ async fn history_from_before_deletes_and_sync_is_unread_synced_and_deletable() {
 }
 
 /// Migrations run without the pool's statement timeout (an index on a table of
-/// production size takes longer than any request may): a pool whose statements may take
-/// 1 ms still applies every migration to a fresh database.
+/// production size takes longer than any request may): on a pool whose statements may
+/// take 1 ms, `startup::migrate` still applies every migration to a fresh database.
 #[tokio::test]
 async fn migrations_run_without_the_requests_statement_timeout() {
-    let app = chatpipe_tests::spawn_app_with(|s| s.database.statement_timeout_ms = 1).await;
+    let url = chatpipe_tests::fresh_database().await;
+    let mut settings = ingest_api::configuration::Settings::defaults_with_secret("unused");
+    settings.database.url = url.clone().into();
+    settings.database.statement_timeout_ms = 1;
+    let pool = ingest_api::startup::connect(&settings.database)
+        .await
+        .unwrap();
+    ingest_api::startup::migrate(&pool).await.unwrap();
+    let mut db = PgConnection::connect(&url).await.unwrap();
     let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations WHERE success")
-        .fetch_one(&app.pool)
+        .fetch_one(&mut db)
         .await
         .unwrap();
     assert_eq!(
