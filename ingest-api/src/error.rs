@@ -36,6 +36,9 @@ pub enum ApiError {
     Forbidden { detail: String },
     #[error("{detail}")]
     Conflict { code: &'static str, detail: String },
+    /// A block stands between the caller and whom the request would reach.
+    #[error("{detail}")]
+    Blocked { detail: String },
     #[error(transparent)]
     ReceiptsUnavailable(#[from] crate::receipts::ProduceError),
     #[error("database pool exhausted: {0}")]
@@ -72,6 +75,7 @@ impl From<StoreError> for ApiError {
             StoreError::NotFound { what } => ApiError::NotFound { what },
             StoreError::Forbidden { detail } => ApiError::Forbidden { detail },
             StoreError::Conflict { code, detail } => ApiError::Conflict { code, detail },
+            StoreError::Blocked { detail } => ApiError::Blocked { detail },
             StoreError::Database(err) => err.into(),
         }
     }
@@ -81,6 +85,10 @@ impl From<SendError> for ApiError {
     fn from(err: SendError) -> Self {
         match err {
             SendError::NotFound => StoreError::conversation_not_found().into(),
+            SendError::Blocked => StoreError::blocked(
+                "a block stands between the members of this DIRECT conversation: nobody writes in it",
+            )
+            .into(),
             SendError::ClientIdReused { .. } => {
                 ApiError::conflict("client-msg-id-reused", err.to_string())
             }
@@ -161,6 +169,9 @@ impl ApiError {
             }
             Self::Conflict { code, detail } => {
                 Problem::new(S::CONFLICT, code, "Conflict", detail.clone())
+            }
+            Self::Blocked { detail } => {
+                Problem::new(S::FORBIDDEN, "blocked", "Blocked", detail.clone())
             }
             Self::ReceiptsUnavailable(_) => Problem::new(
                 S::SERVICE_UNAVAILABLE,

@@ -28,6 +28,7 @@ use utoipa::{IntoResponses, Modify, OpenApi, ToSchema};
         (name = "messages", description = "Send, edit, delete, page history"),
         (name = "read state", description = "Read and delivered watermarks, receipts"),
         (name = "inbox", description = "The caller's conversations, and everything that changed"),
+        (name = "blocks", description = "Users the caller blocked"),
         (name = "operations", description = "Liveness and readiness (no token)"),
         (name = "demo", description = "Only with demo.enabled: never where real users are"),
     ),

@@ -1,5 +1,5 @@
 //! Per-user rate limits: a token bucket per user for each kind of write that costs the
-//! service (sends, conversations created, member changes). A request over its bucket is
+//! service (sends, conversations created, member changes, users added to groups). A request over its bucket is
 //! refused with 429 and `Retry-After` before it reaches the database. The buckets are
 //! governor's keyed GCRA limiters; [`RateLimits::sweep`] forgets users whose buckets are
 //! full again, so the table holds only recently active users.
@@ -42,8 +42,11 @@ pub struct RateLimitSettings {
     pub sends: Bucket,
     /// `POST /conversations` and `POST /direct`.
     pub creates: Bucket,
-    /// Adding and removing members (leaving included).
+    /// Adding and removing members (leaving included), and blocks.
     pub member_changes: Bucket,
+    /// Users one user adds to groups, creating them included: each added user takes a
+    /// token, so nobody puts strangers in groups faster than this.
+    pub members_added: Bucket,
     /// What reads or marks read: history, inbox, sync, members, receipts, `/read` and
     /// `/delivered`.
     pub reads: Bucket,
@@ -57,17 +60,32 @@ pub enum Kind {
     Send,
     Create,
     MemberChange,
+    /// One token per user added to a group.
+    MembersAdded,
     Read,
     /// `POST /demo/token`, one bucket for every caller.
     DemoToken,
 }
 
 impl Kind {
+    /// What a 429's detail counts.
+    fn noun(self) -> &'static str {
+        match self {
+            Self::Send => "sends",
+            Self::Create => "creations",
+            Self::MemberChange => "member changes",
+            Self::MembersAdded => "users added to groups",
+            Self::Read => "reads",
+            Self::DemoToken => "demo tokens",
+        }
+    }
+
     fn label(self) -> &'static str {
         match self {
             Self::Send => "send",
             Self::Create => "create",
             Self::MemberChange => "member_change",
+            Self::MembersAdded => "members_added",
             Self::Read => "read",
             Self::DemoToken => "demo_token",
         }
@@ -89,6 +107,7 @@ struct Limiters {
     sends: Option<PerUser>,
     creates: Option<PerUser>,
     member_changes: Option<PerUser>,
+    members_added: Option<PerUser>,
     reads: Option<PerUser>,
     /// `demo.tokens`: one bucket for everyone (a caller of `/demo/token` has no id).
     demo_tokens: Option<Limiter<DefaultDirectRateLimiter>>,
@@ -114,6 +133,7 @@ impl RateLimits {
             sends: per_user(settings.sends),
             creates: per_user(settings.creates),
             member_changes: per_user(settings.member_changes),
+            members_added: per_user(settings.members_added),
             reads: per_user(settings.reads),
             demo_tokens: quota(demo_tokens).map(|q| Limiter {
                 bucket: demo_tokens,
@@ -127,6 +147,7 @@ impl RateLimits {
             Kind::Send => self.0.sends.as_ref(),
             Kind::Create => self.0.creates.as_ref(),
             Kind::MemberChange => self.0.member_changes.as_ref(),
+            Kind::MembersAdded => self.0.members_added.as_ref(),
             Kind::Read => self.0.reads.as_ref(),
             Kind::DemoToken => None,
         }
@@ -142,6 +163,29 @@ impl RateLimits {
             .map_err(|not_until| refused(kind, l.bucket, &not_until))
     }
 
+    /// Takes `n` tokens at once from `user`'s `kind` bucket (all or none). More than
+    /// its burst can never be taken: that is a 400 naming `field`.
+    pub fn check_n(&self, kind: Kind, user: UserId, n: usize, field: &str) -> Result<(), ApiError> {
+        let Some(l) = self.limiter(kind) else {
+            return Ok(());
+        };
+        let Some(n) = u32::try_from(n).ok().and_then(NonZeroU32::new) else {
+            return Ok(());
+        };
+        match l.limiter.check_key_n(&user, n) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(not_until)) => Err(refused(kind, l.bucket, &not_until)),
+            Err(_) => Err(ApiError::invalid(
+                field,
+                format!(
+                    "at most {} at once (rate_limits.{})",
+                    l.bucket.burst.max(l.bucket.rate),
+                    kind.label()
+                ),
+            )),
+        }
+    }
+
     /// Takes one token from the bucket of demo tokens.
     pub fn check_demo_token(&self) -> Result<(), ApiError> {
         let Some(l) = &self.0.demo_tokens else {
@@ -154,7 +198,13 @@ impl RateLimits {
 
     /// Forgets users whose buckets are full again; sets `rate_limit_users{kind}`.
     pub fn sweep(&self) {
-        for kind in [Kind::Send, Kind::Create, Kind::MemberChange, Kind::Read] {
+        for kind in [
+            Kind::Send,
+            Kind::Create,
+            Kind::MemberChange,
+            Kind::MembersAdded,
+            Kind::Read,
+        ] {
             if let Some(l) = self.limiter(kind) {
                 l.limiter.retain_recent();
                 l.limiter.shrink_to_fit();
@@ -188,9 +238,9 @@ fn refused(
     ApiError::RateLimited {
         retry_after: wait,
         detail: format!(
-            "more than {} {}s per {} s (burst {}); retry after {} ms",
+            "more than {} {} per {} s (burst {}); retry after {} ms",
             bucket.rate,
-            kind.label().replace('_', " "),
+            kind.noun(),
             bucket.per_secs,
             bucket.burst,
             wait.as_millis().max(1)
@@ -208,6 +258,7 @@ mod tests {
             sends,
             creates: off,
             member_changes: off,
+            members_added: off,
             reads: off,
             sweep_interval_ms: 60_000,
         }

@@ -1,6 +1,13 @@
-use chatpipe_tests::spawn_app;
+use chatpipe_tests::{spawn_app, spawn_app_with, TestApp};
 use futures::future::join_all;
+use ingest_api::rate::Bucket;
 use serde_json::json;
+
+/// An app where one owner may fill several groups at once: these tests are about the
+/// member cap, not `rate_limits.members_added` (tests/ingest_api/consent.rs).
+async fn app_without_an_adding_bound() -> TestApp {
+    spawn_app_with(|s| s.rate_limits.members_added = Bucket::OFF).await
+}
 
 #[tokio::test]
 async fn a_group_is_created_with_its_creator_as_a_member() {
@@ -38,7 +45,7 @@ async fn a_group_is_created_with_its_creator_as_a_member() {
 
 #[tokio::test]
 async fn a_group_holds_at_most_a_thousand_members() {
-    let app = spawn_app().await;
+    let app = app_without_an_adding_bound().await;
     let owner = app.user(1);
     let full: Vec<i64> = (2..=1000).collect();
     let too_many: Vec<i64> = (2..=1001).collect();
@@ -96,7 +103,7 @@ async fn a_group_holds_at_most_a_thousand_members() {
 
 #[tokio::test]
 async fn concurrent_additions_never_pass_the_cap() {
-    let app = spawn_app().await;
+    let app = app_without_an_adding_bound().await;
     let owner = app.user(1);
     let conv = owner.create_group(&(2..=990).collect::<Vec<_>>()).await;
     let path = format!("/conversations/{conv}/members");

@@ -15,6 +15,21 @@ use crate::bounds::{hold_conversation, release, until_a_send_waits, until_sends_
 
 const SEND: &str = "FROM chat_send_many(";
 
+/// An app whose writer may wait for a lock the test holds on purpose while dozens of
+/// sends queue behind it: on a loaded two-core CI machine queueing them took more than
+/// the default 5 s statement timeout (CI of 8109360), which answered the blocked send
+/// 503 before the test released it. The timeouts are the test's subject nowhere here.
+async fn spawn_app_waiting_on_held_locks(
+    configure: impl FnOnce(&mut ingest_api::configuration::Settings),
+) -> TestApp {
+    spawn_app_with(|s| {
+        s.database.statement_timeout_ms = 60_000;
+        s.http.request_timeout_ms = 60_000;
+        configure(s);
+    })
+    .await
+}
+
 /// What the database holds for `conversation`: client id -> (seq, body).
 async fn stored(app: &TestApp, conversation: i64) -> HashMap<Uuid, (i64, String)> {
     let rows: Vec<(Uuid, i64, String)> =
@@ -30,7 +45,7 @@ async fn stored(app: &TestApp, conversation: i64) -> HashMap<Uuid, (i64, String)
 
 #[tokio::test]
 async fn sixty_four_sends_at_once_are_one_batch_gapless_with_replays_and_conflicts_answered() {
-    let app = spawn_app().await;
+    let app = spawn_app_waiting_on_held_locks(|_| {}).await;
     let conversation = app.user(10).create_group(&[20]).await;
     let path = format!("/conversations/{conversation}/messages");
     // 64 new messages, 8 repeats of some of them (same body) and 8 reuses of other ids
@@ -133,7 +148,7 @@ async fn sixty_four_sends_at_once_are_one_batch_gapless_with_replays_and_conflic
 /// does not fail the others.
 #[tokio::test]
 async fn sends_into_many_conversations_that_wait_for_a_writer_share_one_statement() {
-    let app = spawn_app_with(|s| s.sends.max_writers = 1).await;
+    let app = spawn_app_waiting_on_held_locks(|s| s.sends.max_writers = 1).await;
     let blocker = app.user(10).create_group(&[20]).await;
     let mut targets = Vec::new();
     for _ in 0..20 {
@@ -144,30 +159,35 @@ async fn sends_into_many_conversations_that_wait_for_a_writer_share_one_statemen
     // The only writer waits for the blocker's lock; everything else waits for it.
     let held = hold_conversation(&app, blocker).await;
     let statements_before = app.statement_calls(SEND).await;
-    let (app_ref, blocked) = (&app, async {
-        app.user(10).send_message(blocker, "first").await
-    });
+    let blocked = async { app.user(10).send_message(blocker, "first").await };
     let sends: Vec<(i64, i64, Uuid)> = targets
         .iter()
         .flat_map(|c| [(*c, 10, Uuid::new_v4()), (*c, 20, Uuid::new_v4())])
         .chain([(foreign, 10, Uuid::new_v4())])
         .collect();
-    let calls = join_all(sends.iter().map(|(c, user, id)| async move {
-        app_ref
-            .user(*user)
-            .post(
-                &format!("/conversations/{c}/messages"),
-                json!({"clientMsgId": id, "body": format!("from {user}")}),
-            )
-            .await
-    }));
-    let release_when_queued = async {
+    let app_ref = &app;
+    // The others are sent once the blocker's batch holds the writer (were one of them
+    // first, the writer would commit it before taking the blocker's).
+    let the_others = async {
         until_a_send_waits(&app).await;
-        // All but the non-member's: that one is refused before it queues (store/members.rs).
-        until_sends_wait(&app, sends.len() - 1).await;
-        release(held).await;
+        let calls = join_all(sends.iter().map(|(c, user, id)| async move {
+            app_ref
+                .user(*user)
+                .post(
+                    &format!("/conversations/{c}/messages"),
+                    json!({"clientMsgId": id, "body": format!("from {user}")}),
+                )
+                .await
+        }));
+        let release_when_queued = async {
+            // All but the non-member's: that one is refused before it queues
+            // (store/members.rs).
+            until_sends_wait(&app, sends.len() - 1).await;
+            release(held).await;
+        };
+        tokio::join!(calls, release_when_queued).0
     };
-    let (first, answers, ()) = tokio::join!(blocked, calls, release_when_queued);
+    let (first, answers) = tokio::join!(blocked, the_others);
     assert_eq!(first, 1);
     assert_eq!(
         app.statement_calls(SEND).await - statements_before,

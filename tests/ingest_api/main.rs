@@ -3,6 +3,7 @@
 mod auth;
 mod bad_input;
 mod bounds;
+mod consent;
 mod conversations;
 mod deletes;
 mod delivered;

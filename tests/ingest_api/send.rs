@@ -1,7 +1,7 @@
 use std::collections::BTreeSet;
 
 use chatpipe_schemas::ChatEvent;
-use chatpipe_tests::spawn_app;
+use chatpipe_tests::{spawn_app, spawn_app_with};
 use futures::future::join_all;
 use serde_json::json;
 use uuid::Uuid;
@@ -125,7 +125,9 @@ async fn thirty_two_concurrent_retries_of_one_client_msg_id_make_one_message() {
 
 #[tokio::test]
 async fn sends_to_a_hundred_conversations_in_parallel_all_succeed() {
-    let app = spawn_app().await;
+    // 300 sends at once are 300 connections from one address: past the share of one
+    // client (http.max_connections_per_ip, 256), which tests/ingest_api/limits.rs tests.
+    let app = spawn_app_with(|s| s.http.max_connections_per_ip = 1024).await;
     let alice = app.user(10);
     let mut conversations = Vec::new();
     for peer in 100..200 {

@@ -23,6 +23,7 @@ async fn app() -> TestApp {
         s.rate_limits.sends = plenty;
         s.rate_limits.creates = plenty;
         s.rate_limits.member_changes = plenty;
+        s.rate_limits.members_added = plenty;
     })
     .await
 }

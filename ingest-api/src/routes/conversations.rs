@@ -30,6 +30,7 @@ pub struct CreateConversation {
     request_body = CreateConversation,
     responses(
         (status = 201, description = "The group", body = crate::store::conversations::ConversationView),
+        (status = 403, description = "`/problems/blocked`: a named user blocked the caller; nobody was added", body = crate::openapi::ProblemBody, content_type = "application/problem+json"),
         (status = 409, description = "`/problems/member-limit`: more than `limits.max_group_members`", body = crate::openapi::ProblemBody, content_type = "application/problem+json"),
         crate::openapi::Common,
         crate::openapi::WithBody,
@@ -51,6 +52,10 @@ pub async fn create(
     let limits = &state.limits;
     let title = parse_title(req.title, limits)?;
     let members = user_ids("memberIds", req.member_ids, limits.max_group_members)?;
+    let strangers = members.iter().filter(|&&m| m != caller.get()).count();
+    state
+        .rate
+        .check_n(Kind::MembersAdded, caller, strangers, "memberIds")?;
     let view = store::create_group(
         &state.store,
         caller,
@@ -77,7 +82,8 @@ pub struct OpenDirect {
     request_body = OpenDirect,
     responses(
         (status = 201, description = "Opened now", body = crate::store::conversations::ConversationView),
-        (status = 200, description = "It existed: the same conversation", body = crate::store::conversations::ConversationView),
+        (status = 200, description = "It existed: the same conversation (a caller who had left it is a member again)", body = crate::store::conversations::ConversationView),
+        (status = 403, description = "`/problems/blocked`: the peer blocked the caller", body = crate::openapi::ProblemBody, content_type = "application/problem+json"),
         crate::openapi::Common,
         crate::openapi::WithBody,
         crate::openapi::Limited
@@ -121,7 +127,7 @@ pub struct AddMembers {
     request_body = AddMembers,
     responses(
         (status = 200, description = "Who was added", body = crate::store::conversations::MembersAdded),
-        (status = 403, description = "`/problems/forbidden`: the caller is not an admin of the group", body = crate::openapi::ProblemBody, content_type = "application/problem+json"),
+        (status = 403, description = "`/problems/forbidden`: the caller is not an admin of the group; `/problems/blocked`: a named user blocked the caller, nobody was added", body = crate::openapi::ProblemBody, content_type = "application/problem+json"),
         (status = 409, description = "`/problems/member-limit`, `/problems/direct-membership-fixed`", body = crate::openapi::ProblemBody, content_type = "application/problem+json"),
         crate::openapi::Common,
         crate::openapi::Scoped,
@@ -141,6 +147,9 @@ pub async fn add_members(
     if ids.is_empty() {
         return Err(ApiError::invalid("userIds", "must name at least one user"));
     }
+    state
+        .rate
+        .check_n(Kind::MembersAdded, caller, ids.len(), "userIds")?;
     let added = store::add_members(
         &state.store,
         conversation,
@@ -157,12 +166,12 @@ pub async fn add_members(
     delete,
     path = "/conversations/{id}/members/{userId}",
     tag = "conversations",
-    summary = "Leave, or remove a member (admins only)",
+    summary = "Leave (a DIRECT conversation too: for good, until you open it again), or remove a member (admins only)",
     params(("id" = i64, Path, description = "the conversation", minimum = 1), ("userId" = i64, Path, description = "the member", minimum = 1)),
     responses(
         (status = 204, description = "Gone (also when already gone)"),
         (status = 403, description = "`/problems/forbidden`: removing another member without being an admin", body = crate::openapi::ProblemBody, content_type = "application/problem+json"),
-        (status = 409, description = "`/problems/direct-membership-fixed`", body = crate::openapi::ProblemBody, content_type = "application/problem+json"),
+        (status = 409, description = "`/problems/direct-membership-fixed`: removing the other member of a DIRECT conversation", body = crate::openapi::ProblemBody, content_type = "application/problem+json"),
         crate::openapi::Common,
         crate::openapi::Scoped,
         crate::openapi::Limited

@@ -31,6 +31,7 @@ pub struct SendMessage {
     responses(
         (status = 201, description = "Committed: its seq", body = crate::store::send::SentMessage),
         (status = 200, description = "A retry of a committed send: the original seq", body = crate::store::send::SentMessage),
+        (status = 403, description = "`/problems/blocked`: a DIRECT conversation with a block either way", body = crate::openapi::ProblemBody, content_type = "application/problem+json"),
         (status = 409, description = "`/problems/client-msg-id-reused`: the clientMsgId names a different message", body = crate::openapi::ProblemBody, content_type = "application/problem+json"),
         crate::openapi::Common,
         crate::openapi::Scoped,
@@ -83,7 +84,7 @@ pub struct EditMessage {
     request_body = EditMessage,
     responses(
         (status = 200, description = "The message as it is now", body = crate::store::messages::Edited),
-        (status = 403, description = "`/problems/forbidden`: not the sender", body = crate::openapi::ProblemBody, content_type = "application/problem+json"),
+        (status = 403, description = "`/problems/forbidden`: not the sender; `/problems/blocked`: a DIRECT conversation with a block either way", body = crate::openapi::ProblemBody, content_type = "application/problem+json"),
         (status = 409, description = "`/problems/message-deleted`", body = crate::openapi::ProblemBody, content_type = "application/problem+json"),
         crate::openapi::Common,
         crate::openapi::Scoped,

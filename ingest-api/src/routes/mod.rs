@@ -19,6 +19,7 @@ use utoipa_axum::routes;
 use crate::error::ErrorCause;
 use crate::state::AppState;
 
+pub mod blocks;
 pub mod conversations;
 pub mod demo;
 pub mod health;
@@ -66,7 +67,9 @@ pub fn documented(demo: bool) -> (OpenApiRouter<AppState>, OpenApiRouter<AppStat
         .routes(routes!(reads::mark_delivered))
         .routes(routes!(reads::receipts))
         .routes(routes!(inbox::inbox))
-        .routes(routes!(sync::sync));
+        .routes(routes!(sync::sync))
+        .routes(routes!(blocks::block, blocks::unblock))
+        .routes(routes!(blocks::list));
     if demo {
         api = api.merge(demo::routes());
     }

@@ -4,6 +4,13 @@
 //! members and change roles; anyone may leave. When the last admin leaves, the member
 //! who joined first (then the lowest user id) becomes admin, in the same transaction, so
 //! a group with members always has an admin. DIRECT conversations have no admin.
+//!
+//! Leaving a DIRECT conversation is for good, as leaving a group is: the leaver's
+//! membership goes (their inbox and their other devices' sync drop it), the peer keeps
+//! the conversation and may still write into it, and nothing the peer does brings the
+//! leaver back. Only the leaver can: `POST /direct` with the peer rejoins them, at the
+//! conversation's last seq (what the peer wrote meanwhile is in history, not unread).
+//! With a block either way nobody writes in it ([`super::blocks`]).
 
 use chatpipe_core::{db, ConversationId, UserId, Watermark};
 use chatpipe_schemas::{
@@ -13,7 +20,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgConnection;
 
-use super::{now, Store, StoreError};
+use super::{blocks, now, Store, StoreError};
 use crate::domain::ConversationKind;
 
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema, sqlx::FromRow)]
@@ -54,6 +61,7 @@ pub async fn create_group(
     }
     let at = now();
     let mut tx = db.pool.begin().await?;
+    blocks::refuse_adding(&mut tx, creator, &member_ids).await?;
     let view: ConversationView = sqlx::query_as(&format!(
         "INSERT INTO conversation AS c (type, title, created_by, created_at, last_activity_at, member_count)
          VALUES ('GROUP', $1, $2, $3, $3, $4)
@@ -89,7 +97,8 @@ pub async fn create_group(
 
 /// The single DIRECT conversation of `caller` and `peer`, and whether this call made it.
 /// Concurrent calls for one pair race on `direct_pair`'s key: one inserts, the others
-/// roll back and read the winner's conversation.
+/// roll back and read the winner's conversation. A caller who left it rejoins; a caller
+/// the peer blocked can neither open nor rejoin it.
 pub async fn open_direct(
     db: &Store,
     caller: UserId,
@@ -101,10 +110,11 @@ pub async fn open_direct(
         (peer, caller)
     };
     if let Some(view) = find_direct(db, caller, low, high).await? {
-        return Ok((view, false));
+        return Ok((rejoin_direct(db, view, caller, peer).await?, false));
     }
     let at = now();
     let mut tx = db.pool.begin().await?;
+    blocks::refuse_if_blocked_by(&mut tx, caller, peer).await?;
     let mut view: ConversationView = sqlx::query_as(&format!(
         "INSERT INTO conversation AS c (type, created_by, created_at, last_activity_at, member_count)
          VALUES ('DIRECT', $1, $2, $2, 2)
@@ -155,6 +165,46 @@ pub async fn open_direct(
     tx.commit().await?;
     view.peer_id = Some(peer.get());
     Ok((view, true))
+}
+
+/// `view` as `caller` has it: unchanged for a member, and for one who left it, after
+/// they are a member again (at its last seq, with their `member.joined`).
+async fn rejoin_direct(
+    db: &Store,
+    mut view: ConversationView,
+    caller: UserId,
+    peer: UserId,
+) -> Result<ConversationView, StoreError> {
+    let id: ConversationId = db::id(view.conversation_id)?;
+    let mut tx = db.pool.begin().await?;
+    let (last_seq, member): (i64, bool) = sqlx::query_as(
+        "SELECT c.last_seq, EXISTS (SELECT 1 FROM conversation_member m
+                                     WHERE m.conversation_id = c.id AND m.user_id = $2)
+           FROM conversation c WHERE c.id = $1 FOR UPDATE",
+    )
+    .bind(id.get())
+    .bind(caller.get())
+    .fetch_one(&mut *tx)
+    .await?;
+    if member {
+        return Ok(view);
+    }
+    blocks::refuse_if_blocked_by(&mut tx, caller, peer).await?;
+    let start = db::id(last_seq)?;
+    let added = insert_members(&mut tx, id, &[caller.get()], start, None).await?;
+    view.member_count = sqlx::query_scalar(
+        "UPDATE conversation SET member_count = member_count + 1,
+                changed_xid = pg_current_xact_id()
+          WHERE id = $1 RETURNING member_count",
+    )
+    .bind(id.get())
+    .fetch_one(&mut *tx)
+    .await?;
+    let events: Vec<_> = joined_events(id, &added, start, caller, None, now()).collect();
+    db.outbox.write(&mut tx, &events).await?;
+    tx.commit().await?;
+    view.last_seq = last_seq;
+    Ok(view)
 }
 
 async fn find_direct(
@@ -231,8 +281,8 @@ fn require_admin(locked: &Locked, what: &str) -> Result<(), StoreError> {
     }
 }
 
-/// The same for a membership change: only GROUPs have one; a DIRECT conversation keeps
-/// its two members.
+/// The same for a membership change: only GROUPs have one; in a DIRECT conversation
+/// its members only leave.
 async fn lock_group_as_member(
     conn: &mut PgConnection,
     conversation: ConversationId,
@@ -240,12 +290,16 @@ async fn lock_group_as_member(
 ) -> Result<Locked, StoreError> {
     let locked = lock_as_member(conn, conversation, caller).await?;
     if locked.kind == ConversationKind::Direct {
-        return Err(StoreError::conflict(
-            "direct-membership-fixed",
-            "a DIRECT conversation has exactly its two members",
-        ));
+        return Err(direct_membership_fixed());
     }
     Ok(locked)
+}
+
+fn direct_membership_fixed() -> StoreError {
+    StoreError::conflict(
+        "direct-membership-fixed",
+        "a DIRECT conversation has its two members: each may leave it, nobody else joins",
+    )
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -272,6 +326,7 @@ pub async fn add_members(
     let mut tx = db.pool.begin().await?;
     let locked = lock_group_as_member(&mut tx, conversation, caller).await?;
     require_admin(&locked, "add members")?;
+    blocks::refuse_adding(&mut tx, caller, user_ids).await?;
     let start = db::id(locked.last_seq)?;
     let added = insert_members(&mut tx, conversation, user_ids, start, None).await?;
     let member_count = locked.member_count as usize + added.len();
@@ -298,8 +353,9 @@ pub async fn add_members(
     })
 }
 
-/// Removes a member from a GROUP: anyone may leave, an admin may remove anyone. When
-/// the last admin goes, the longest-standing member becomes admin.
+/// Removes a member: anyone may leave (a DIRECT conversation too, see the module docs),
+/// an admin may remove anyone from a GROUP. When the last admin goes, the
+/// longest-standing member becomes admin.
 pub async fn remove_member(
     db: &Store,
     conversation: ConversationId,
@@ -308,8 +364,11 @@ pub async fn remove_member(
 ) -> Result<(), StoreError> {
     db.members.require(&db.pool, conversation, caller).await?;
     let mut tx = db.pool.begin().await?;
-    let locked = lock_group_as_member(&mut tx, conversation, caller).await?;
+    let locked = lock_as_member(&mut tx, conversation, caller).await?;
     if user != caller {
+        if locked.kind == ConversationKind::Direct {
+            return Err(direct_membership_fixed());
+        }
         require_admin(&locked, "remove other members")?;
     }
     let removed: Option<String> = sqlx::query_scalar(

@@ -122,6 +122,7 @@ struct Target {
     deleted: bool,
     /// The caller is an admin of a GROUP.
     group_admin: bool,
+    direct: bool,
 }
 
 async fn lock_target(
@@ -144,6 +145,7 @@ async fn lock_target(
         sender: chatpipe_core::db::id(sender)?,
         deleted,
         group_admin: locked.kind == ConversationKind::Group && locked.caller_role == Role::Admin,
+        direct: locked.kind == ConversationKind::Direct,
     })
 }
 
@@ -170,6 +172,10 @@ pub async fn edit(
             "message-deleted",
             format!("message {seq} is deleted; a deleted message cannot be edited"),
         ));
+    }
+    if target.direct {
+        // Under a block nobody writes here; deleting what one wrote stays possible.
+        super::blocks::refuse_in_direct(&mut tx, conversation, caller).await?;
     }
     let message: HistoryMessage = sqlx::query_as(&format!(
         "UPDATE message SET body = $3, edited_at = now(), changed_xid = pg_current_xact_id()

@@ -1,6 +1,7 @@
 //! SQL lives here and only here. Every function that changes state writes its events to
 //! the outbox inside the same transaction.
 
+pub mod blocks;
 pub mod conversations;
 pub mod inbox;
 pub mod members;
@@ -39,6 +40,9 @@ pub enum StoreError {
     /// The change contradicts what is stored (a rule or a limit).
     #[error("{detail}")]
     Conflict { code: &'static str, detail: String },
+    /// A block stands between the caller and a user this would reach ([`blocks`]).
+    #[error("{detail}")]
+    Blocked { detail: String },
     #[error(transparent)]
     Database(#[from] sqlx::Error),
 }
@@ -58,6 +62,13 @@ impl StoreError {
     pub fn conflict(code: &'static str, detail: impl Into<String>) -> Self {
         Self::Conflict {
             code,
+            detail: detail.into(),
+        }
+    }
+
+    pub fn blocked(detail: impl Into<String>) -> Self {
+        metrics::counter!("blocked_refusals_total").increment(1);
+        Self::Blocked {
             detail: detail.into(),
         }
     }

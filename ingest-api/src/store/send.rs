@@ -72,6 +72,9 @@ pub enum SendOutcome {
 pub enum SendError {
     #[error("conversation not found")]
     NotFound,
+    /// A DIRECT conversation with a block either way (store/blocks.rs).
+    #[error("a block stands in this DIRECT conversation")]
+    Blocked,
     #[error("clientMsgId {client_msg_id} already names message {seq} with a different content")]
     ClientIdReused { client_msg_id: Uuid, seq: i64 },
     #[error("{queued} sends already wait for this conversation")]
@@ -323,6 +326,7 @@ impl Row {
                 seq: self.seq.unwrap_or_default(),
             }),
             "not_member" => Err(SendError::NotFound),
+            "blocked" => Err(SendError::Blocked),
             other => Err(SendError::Database(Arc::new(sqlx::Error::Protocol(
                 format!("chat_send_many answered an unknown outcome {other:?}"),
             )))),
