@@ -155,6 +155,7 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let keys = settings.auth.token_keys()?;
+    keys.start();
     let registry = settings.registry.connect()?;
     // A gateway started before the registry or the broker waits for them.
     let patience = settings.registry.startup_wait();
@@ -468,9 +469,9 @@ impl Gateway {
 
 /// Whom a connection request authenticates as, and until when: the `Authorization`
 /// header, or a `bearer.<JWT>` subprotocol.
-fn authenticate(keys: &TokenKeys, headers: &HeaderMap) -> Result<Verified, AuthError> {
+async fn authenticate(keys: &TokenKeys, headers: &HeaderMap) -> Result<Verified, AuthError> {
     if let Some(value) = headers.get(header::AUTHORIZATION) {
-        return keys.verify_header_until(value.to_str().ok());
+        return keys.verify_header_until_fresh(value.to_str().ok()).await;
     }
     let offered = headers
         .get(header::SEC_WEBSOCKET_PROTOCOL)
@@ -481,7 +482,7 @@ fn authenticate(keys: &TokenKeys, headers: &HeaderMap) -> Result<Verified, AuthE
         .map(str::trim)
         .find_map(|p| p.strip_prefix(TOKEN_PROTOCOL_PREFIX));
     match token {
-        Some(token) => keys.verify_until(token),
+        Some(token) => keys.verify_until_fresh(token).await,
         None => Err(AuthError::Missing),
     }
 }
@@ -508,7 +509,7 @@ async fn close_at_once(mut socket: WebSocket, code: u16, reason: &str) {
 /// reason: a browser sees nothing of a 401 before the upgrade (only 1006).
 async fn ws(State(gw): State<Gateway>, headers: HeaderMap, upgrade: WebSocketUpgrade) -> Response {
     let upgrade = upgrade.protocols([SUBPROTOCOL]);
-    let token = match authenticate(&gw.keys, &headers) {
+    let token = match authenticate(&gw.keys, &headers).await {
         Ok(token) => token,
         Err(err) => {
             metrics::counter!("gateway_auth_refusals_total").increment(1);

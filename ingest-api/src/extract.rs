@@ -25,7 +25,8 @@ impl FromRequestParts<AppState> for Caller {
             .headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok());
-        Ok(Caller(state.keys.verify_header(header)?))
+        let verified = state.keys.verify_header_until_fresh(header).await?;
+        Ok(Caller(verified.user))
     }
 }
 

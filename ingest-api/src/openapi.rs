@@ -49,7 +49,9 @@ impl Modify for BearerAuth {
                     .scheme(HttpAuthScheme::Bearer)
                     .bearer_format("JWT")
                     .description(Some(
-                        "HS256; `sub` is the user id. `ingest-api token --user N` prints one.",
+                        "HS256 with the shared secret, or RS256/PS256/ES256/EdDSA by a key of \
+                         `[auth.jwks]`; `sub` is the user id, `aud` and `iss` the configured \
+                         ones. `ingest-api token --user N` prints one.",
                     ))
                     .build(),
             ),

@@ -47,6 +47,7 @@ impl Application {
             .auth
             .token_keys()?
             .accepting_demo(settings.auth.accept_demo_tokens || settings.demo.enabled);
+        keys.start();
         let registry = settings
             .registry
             .connect()

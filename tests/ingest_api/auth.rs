@@ -128,7 +128,19 @@ async fn a_standard_token_without_iat_is_accepted_and_refusals_are_plain_words()
     let app = spawn_app().await;
     let uncapped = chatpipe_tests::spawn_app_with(|s| s.auth.max_lifetime_secs = None).await;
     let now = chatpipe_core::auth::unix_now();
-    let sign = |claims: serde_json::Value| {
+    // Exactly these claims; `sign` adds the audience and issuer every token must name
+    // (auth.audience, auth.issuer).
+    let unnamed = |claims: serde_json::Value| {
+        encode(
+            &Header::default(),
+            &claims,
+            &EncodingKey::from_secret(chatpipe_tests::JWT_SECRET.as_bytes()),
+        )
+        .unwrap()
+    };
+    let sign = |mut claims: serde_json::Value| {
+        claims["aud"] = chatpipe_core::auth::DEFAULT_AUDIENCE.into();
+        claims["iss"] = chatpipe_core::auth::DEFAULT_ISSUER.into();
         encode(
             &Header::default(),
             &claims,
@@ -176,6 +188,17 @@ async fn a_standard_token_without_iat_is_accepted_and_refusals_are_plain_words()
         (
             sign(json!({"sub": "42", "iat": now, "exp": u64::MAX})),
             "the token lives longer than 86400 s (exp - iat): ask for a shorter one",
+        ),
+        (
+            unnamed(json!({"sub": "42", "iat": now, "exp": now + 600})),
+            "the token has no `aud` claim",
+        ),
+        (
+            unnamed(
+                json!({"sub": "42", "iat": now, "exp": now + 600, "aud": "chatpipe",
+                           "iss": "https://id.example"}),
+            ),
+            "the token's issuer (iss) is not \"chatpipe\"",
         ),
     ];
     for (token, words) in refusals {

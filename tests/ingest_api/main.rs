@@ -12,6 +12,7 @@ mod demo_limits;
 mod edits;
 mod group_commit;
 mod inbox;
+mod jwks;
 mod limits;
 mod migrations;
 mod nonmembers;

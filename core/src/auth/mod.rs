@@ -1,9 +1,15 @@
-//! Bearer tokens: HS256 JWTs whose `sub` is the numeric user id. The REST API and the
-//! WebSocket gateway verify them the same way.
+//! Bearer tokens: JWTs whose `sub` is the numeric user id, signed with HS256 and the
+//! shared secret, or by an identity provider whose public keys come from a JWKS URL
+//! ([`jwks`]). Every token names its audience (`aud`) and issuer (`iss`), which must be
+//! the configured ones. The REST API and the WebSocket gateway verify them the same way.
+
+pub mod jwks;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use jsonwebtoken::{decode, encode, Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use jsonwebtoken::{
+    decode, decode_header, encode, Algorithm, DecodingKey, EncodingKey, Header, Validation,
+};
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
 
@@ -13,6 +19,12 @@ use crate::UserId;
 /// service that does not accept demo tokens (`auth.accept_demo_tokens`; ingest-api in demo
 /// mode), so turning demo mode off ends every demo token at once.
 pub const DEMO_AUDIENCE: &str = "chatpipe-demo";
+
+/// The audience and the issuer of chatpipe's own tokens where the configuration names
+/// none (`auth.audience`, `auth.issuer`): what `ingest-api token` signs and what the
+/// services require.
+pub const DEFAULT_AUDIENCE: &str = "chatpipe";
+pub const DEFAULT_ISSUER: &str = "chatpipe";
 
 /// The shortest secret we accept: HS256 with fewer than 32 bytes of key is guessable.
 pub const MIN_SECRET_BYTES: usize = 32;
@@ -31,8 +43,16 @@ pub enum AuthError {
         "the token's claims are not as expected: `sub` a string, `exp`, `iat` and `nbf` numbers"
     )]
     BadClaims,
-    #[error("unsupported token algorithm {0:?}: tokens are signed with HS256")]
-    UnsupportedAlgorithm(String),
+    #[error("unsupported token algorithm {0:?}: tokens are signed with {1}")]
+    UnsupportedAlgorithm(String, &'static str),
+    #[error(
+        "the token's header has no `kid`: name the key of the identity provider that signed it"
+    )]
+    MissingKeyId,
+    #[error("the token's key id {0:?} is not one the identity provider publishes (auth.jwks_url)")]
+    UnknownKey(String),
+    #[error("the token says {0:?}, and its key {1:?} is for {2:?}")]
+    WrongKeyAlgorithm(String, String, String),
     #[error("the token's signature does not match")]
     BadSignature,
     #[error("the token has expired")]
@@ -69,7 +89,7 @@ impl AuthError {
             K::ExpiredSignature => Self::Expired,
             K::ImmatureSignature => Self::NotYetValid,
             K::MissingRequiredClaim(claim) => Self::MissingClaim(claim),
-            // The algorithm is checked by name before (`check_algorithm`).
+            // The algorithm is checked by name before (`TokenKeys::key_for`).
             _ => Self::Rejected,
         }
     }
@@ -88,12 +108,16 @@ pub struct AuthSettings {
     pub jwt_secret: Option<SecretString>,
     /// Clock skew allowed when checking `exp`, `nbf` and `iat`.
     pub leeway_secs: u64,
-    /// When set, a token must carry this `aud` (or a list holding it).
+    /// A token must carry this `aud` (or a list holding it); never empty.
+    #[serde(default = "default_audience")]
+    pub audience: String,
+    /// A token's `iss` must be exactly this; never empty.
+    #[serde(default = "default_issuer")]
+    pub issuer: String,
+    /// An identity provider's public keys (`[auth.jwks]`): tokens it signs (RS256,
+    /// PS256, ES256, EdDSA) are accepted beside HS256 ones.
     #[serde(default)]
-    pub audience: Option<String>,
-    /// When set, a token's `iss` must be exactly this.
-    #[serde(default)]
-    pub issuer: Option<String>,
+    pub jwks: Option<jwks::JwksSettings>,
     /// Accept the tokens of ingest-api's demo mode (`aud` "chatpipe-demo"): for the
     /// gateway of a demo (scripts/demo sets it). ingest-api accepts them while
     /// `demo.enabled`, whatever this says.
@@ -105,28 +129,49 @@ pub struct AuthSettings {
     pub max_lifetime_secs: Option<u64>,
 }
 
+fn default_audience() -> String {
+    DEFAULT_AUDIENCE.into()
+}
+
+fn default_issuer() -> String {
+    DEFAULT_ISSUER.into()
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum AuthSettingsError {
     #[error("auth.jwt_secret (JWT_SECRET) is not set")]
     MissingSecret,
     #[error("auth.jwt_secret (JWT_SECRET): {0}")]
     Weak(#[from] WeakSecret),
+    #[error("auth.{0} is empty: every token must name its {0} ({1}), and it is checked")]
+    Unnamed(&'static str, &'static str),
+    #[error(transparent)]
+    Jwks(#[from] jwks::JwksError),
 }
 
 impl AuthSettings {
-    /// The signing keys; the error names the setting when the secret is missing or weak.
+    /// The signing keys; the error names the setting when the secret is missing or weak,
+    /// or the audience or issuer empty. A JWKS is fetched once [`TokenKeys::start`] runs.
     pub fn token_keys(&self) -> Result<TokenKeys, AuthSettingsError> {
         let secret = self
             .jwt_secret
             .as_ref()
             .ok_or(AuthSettingsError::MissingSecret)?;
-        Ok(
-            TokenKeys::new(secret, Duration::from_secs(self.leeway_secs))?
-                .with_audience(self.audience.as_deref())
-                .with_issuer(self.issuer.as_deref())
-                .accepting_demo(self.accept_demo_tokens)
-                .with_max_lifetime(self.max_lifetime_secs),
-        )
+        if self.audience.trim().is_empty() {
+            return Err(AuthSettingsError::Unnamed("audience", "aud"));
+        }
+        if self.issuer.trim().is_empty() {
+            return Err(AuthSettingsError::Unnamed("issuer", "iss"));
+        }
+        let mut keys = TokenKeys::new(secret, Duration::from_secs(self.leeway_secs))?
+            .with_audience(Some(&self.audience))
+            .with_issuer(Some(&self.issuer))
+            .accepting_demo(self.accept_demo_tokens)
+            .with_max_lifetime(self.max_lifetime_secs);
+        if let Some(settings) = &self.jwks {
+            keys.jwks = Some(jwks::Jwks::new(settings.clone())?);
+        }
+        Ok(keys)
     }
 }
 
@@ -144,6 +189,8 @@ struct Claims {
     /// One audience or a list (RFC 7519 4.1.3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     aud: Option<Audience>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    iss: Option<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -162,12 +209,13 @@ impl Audience {
     }
 }
 
-/// Signs and verifies tokens with one shared secret.
+/// Signs and verifies tokens with one shared secret, and verifies those of a JWKS.
 #[derive(Clone)]
 pub struct TokenKeys {
     encoding: EncodingKey,
     decoding: DecodingKey,
     validation: Validation,
+    jwks: Option<jwks::Jwks>,
     audience: Option<String>,
     issuer: Option<String>,
     accept_demo: bool,
@@ -198,14 +246,33 @@ impl TokenKeys {
             encoding: EncodingKey::from_secret(bytes),
             decoding: DecodingKey::from_secret(bytes),
             validation,
+            jwks: None,
             audience: None,
             issuer: None,
             accept_demo: false,
             max_lifetime_secs: None,
-        })
+        }
+        .with_audience(Some(DEFAULT_AUDIENCE))
+        .with_issuer(Some(DEFAULT_ISSUER)))
     }
 
-    /// Requires `aud` to name `audience` (no check when `None`).
+    /// Verifies the tokens signed by the keys of this JWKS too.
+    pub fn with_jwks(mut self, jwks: jwks::Jwks) -> Self {
+        self.jwks = Some(jwks);
+        self
+    }
+
+    /// Begins fetching the JWKS, if there is one, at once and then every
+    /// `refresh_secs` (in the background: until the first fetch lands, its tokens are
+    /// refused 401, and each such refusal asks for a fetch).
+    pub fn start(&self) {
+        if let Some(jwks) = &self.jwks {
+            jwks.spawn_refresh();
+        }
+    }
+
+    /// Requires `aud` to name `audience` (no check when `None`; [`TokenKeys::new`]
+    /// requires [`DEFAULT_AUDIENCE`]).
     pub fn with_audience(mut self, audience: Option<&str>) -> Self {
         self.audience = audience.map(str::to_owned);
         self.set_audiences();
@@ -234,11 +301,8 @@ impl TokenKeys {
     fn set_audiences(&mut self) {
         match &self.audience {
             Some(aud) => {
-                let mut accepted = vec![aud.as_str()];
-                if self.accept_demo {
-                    accepted.push(DEMO_AUDIENCE);
-                }
-                self.validation.set_audience(&accepted);
+                // A demo token passes here to be refused by name after, unless accepted.
+                self.validation.set_audience(&[aud.as_str(), DEMO_AUDIENCE]);
                 self.validation.validate_aud = true;
             }
             None => self.validation.validate_aud = false,
@@ -246,7 +310,8 @@ impl TokenKeys {
         self.require_claims();
     }
 
-    /// Requires `iss` to be `issuer` (no check when `None`).
+    /// Requires `iss` to be `issuer` (no check when `None`; [`TokenKeys::new`] requires
+    /// [`DEFAULT_ISSUER`]).
     pub fn with_issuer(mut self, issuer: Option<&str>) -> Self {
         self.issuer = issuer.map(str::to_owned);
         self.validation.iss = issuer.map(|iss| std::iter::once(iss.to_owned()).collect());
@@ -282,13 +347,17 @@ impl TokenKeys {
         self.sign_claims(user, issued_at, expires_at, None)
     }
 
+    /// Signs with the configured audience (or `aud`) and issuer.
     fn sign_claims(&self, user: UserId, iat: u64, exp: u64, aud: Option<&str>) -> String {
         let claims = Claims {
             sub: Some(user.to_string()),
             iat: Some(iat),
             exp: Some(exp),
             nbf: None,
-            aud: aud.map(|a| Audience::One(a.to_owned())),
+            aud: aud
+                .or(self.audience.as_deref())
+                .map(|a| Audience::One(a.to_owned())),
+            iss: self.issuer.clone(),
         };
         encode(&Header::new(Algorithm::HS256), &claims, &self.encoding)
             .expect("HS256 signing with an in-memory key cannot fail")
@@ -299,12 +368,19 @@ impl TokenKeys {
     }
 
     /// Verifies `token` and says until when it holds (the gateway closes a WebSocket
-    /// when its token expires).
+    /// when its token expires). A token of a JWKS key this process has not fetched yet is
+    /// [`AuthError::UnknownKey`]: [`TokenKeys::verify_until_fresh`] fetches then.
     pub fn verify_until(&self, token: &str) -> Result<Verified, AuthError> {
-        check_algorithm(token)?;
-        let claims = decode::<Claims>(token, &self.decoding, &self.validation)
-            .map_err(|e| AuthError::from_jwt(e, self))?
-            .claims;
+        let claims = match self.key_for(token)? {
+            None => decode::<Claims>(token, &self.decoding, &self.validation),
+            Some(remote) => {
+                let mut validation = self.validation.clone();
+                validation.algorithms = vec![remote.alg];
+                decode::<Claims>(token, &remote.key, &validation)
+            }
+        }
+        .map_err(|e| AuthError::from_jwt(e, self))?
+        .claims;
         if claims
             .iat
             .is_some_and(|iat| iat > unix_now() + self.validation.leeway)
@@ -333,6 +409,21 @@ impl TokenKeys {
         Ok(Verified { user, expires_at })
     }
 
+    /// [`TokenKeys::verify_until`], fetching the JWKS again (within its bounds) for a
+    /// key id it does not hold yet: a provider's new key is accepted from its first token.
+    pub async fn verify_until_fresh(&self, token: &str) -> Result<Verified, AuthError> {
+        match (self.verify_until(token), &self.jwks) {
+            (Err(AuthError::UnknownKey(kid)), Some(jwks)) => {
+                if jwks.refetch_for(&kid).await {
+                    self.verify_until(token)
+                } else {
+                    Err(AuthError::UnknownKey(kid))
+                }
+            }
+            (verified, _) => verified,
+        }
+    }
+
     /// Verifies the value of an `Authorization` header.
     pub fn verify_header(&self, header: Option<&str>) -> Result<UserId, AuthError> {
         self.verify_header_until(header).map(|v| v.user)
@@ -340,35 +431,84 @@ impl TokenKeys {
 
     /// [`TokenKeys::verify_header`], saying until when the token holds.
     pub fn verify_header_until(&self, header: Option<&str>) -> Result<Verified, AuthError> {
-        let value = header.ok_or(AuthError::Missing)?;
-        let token = value
-            .strip_prefix("Bearer ")
-            .or_else(|| value.strip_prefix("bearer "))
-            .ok_or(AuthError::NotBearer)?;
-        self.verify_until(token.trim())
+        self.verify_until(bearer(header)?)
+    }
+
+    /// [`TokenKeys::verify_header_until`] as [`TokenKeys::verify_until_fresh`] does it.
+    pub async fn verify_header_until_fresh(
+        &self,
+        header: Option<&str>,
+    ) -> Result<Verified, AuthError> {
+        self.verify_until_fresh(bearer(header)?).await
+    }
+
+    /// The header's `alg` and `kid`, read before anything else so that a token signed
+    /// another way (or `none`) is refused by name: `None` for HS256 (the secret), the
+    /// JWKS key its `kid` names otherwise, which must be for its `alg`.
+    fn key_for(&self, token: &str) -> Result<Option<jwks::RemoteKey>, AuthError> {
+        let header = decode_header(token).map_err(|e| match e.into_kind() {
+            jsonwebtoken::errors::ErrorKind::Json(_) => unsupported(token, self.jwks.is_some()),
+            _ => AuthError::Malformed,
+        })?;
+        if header.alg == Algorithm::HS256 {
+            return Ok(None);
+        }
+        let Some(jwks) = self
+            .jwks
+            .as_ref()
+            .filter(|_| jwks::is_asymmetric(header.alg))
+        else {
+            return Err(unsupported(token, self.jwks.is_some()));
+        };
+        let kid = header.kid.ok_or(AuthError::MissingKeyId)?;
+        let remote = jwks
+            .key(&kid)
+            .ok_or_else(|| AuthError::UnknownKey(kid.chars().take(64).collect()))?;
+        if remote.alg != header.alg {
+            return Err(AuthError::WrongKeyAlgorithm(
+                format!("{:?}", header.alg),
+                kid.chars().take(64).collect(),
+                format!("{:?}", remote.alg),
+            ));
+        }
+        Ok(Some(remote))
     }
 }
 
-/// The header's `alg`, read before anything else so that a token signed another way
-/// (or `none`) is refused by name.
-fn check_algorithm(token: &str) -> Result<(), AuthError> {
+/// The token of an `Authorization: Bearer <token>` header.
+fn bearer(header: Option<&str>) -> Result<&str, AuthError> {
+    let value = header.ok_or(AuthError::Missing)?;
+    let token = value
+        .strip_prefix("Bearer ")
+        .or_else(|| value.strip_prefix("bearer "))
+        .ok_or(AuthError::NotBearer)?;
+    Ok(token.trim())
+}
+
+/// The refusal of a token whose `alg` we do not take, naming it as the header says it
+/// (an unknown name, `none` included, does not parse as an `Algorithm`).
+fn unsupported(token: &str, with_jwks: bool) -> AuthError {
     use base64::Engine;
     #[derive(Deserialize)]
-    struct Header {
+    struct Named {
         alg: String,
     }
-    let (header, _) = token.split_once('.').ok_or(AuthError::Malformed)?;
-    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(header)
-        .map_err(|_| AuthError::Malformed)?;
-    let header: Header = serde_json::from_slice(&bytes).map_err(|_| AuthError::Malformed)?;
-    if header.alg == "HS256" {
-        Ok(())
+    let alg = token
+        .split_once('.')
+        .and_then(|(h, _)| {
+            base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(h)
+                .ok()
+        })
+        .and_then(|bytes| serde_json::from_slice::<Named>(&bytes).ok())
+        .map(|n| n.alg.chars().take(16).collect())
+        .unwrap_or_default();
+    let accepted = if with_jwks {
+        "HS256, or RS256/PS256/ES256/EdDSA (and their SHA-384/512 forms) by a key of auth.jwks"
     } else {
-        Err(AuthError::UnsupportedAlgorithm(
-            header.alg.chars().take(16).collect(),
-        ))
-    }
+        "HS256"
+    };
+    AuthError::UnsupportedAlgorithm(alg, accepted)
 }
 
 pub fn unix_now() -> u64 {
@@ -466,8 +606,17 @@ mod tests {
         ));
     }
 
-    /// A token with these claims, signed with `secret` (HS256).
-    fn signed(secret: &str, claims: serde_json::Value) -> String {
+    /// A token with these claims, signed with `secret` (HS256), with the default `aud`
+    /// and `iss` where the claims name none.
+    fn signed(secret: &str, mut claims: serde_json::Value) -> String {
+        let c = claims.as_object_mut().unwrap();
+        c.entry("aud").or_insert(DEFAULT_AUDIENCE.into());
+        c.entry("iss").or_insert(DEFAULT_ISSUER.into());
+        signed_as_is(secret, claims)
+    }
+
+    /// A token with exactly these claims.
+    fn signed_as_is(secret: &str, claims: serde_json::Value) -> String {
         encode(
             &Header::new(Algorithm::HS256),
             &claims,
@@ -557,9 +706,9 @@ mod tests {
             c.as_object_mut()
                 .unwrap()
                 .extend(extra.as_object().unwrap().clone());
-            signed(SECRET, c)
+            signed_as_is(SECRET, c)
         };
-        let plain = keys(SECRET);
+        let plain = keys(SECRET).with_audience(None).with_issuer(None);
         assert!(plain
             .verify(&claims(
                 serde_json::json!({"aud": "other", "iss": "anyone"})
