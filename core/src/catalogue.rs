@@ -55,6 +55,8 @@ pub const METRICS: &[Entry] = &[
     ("member_cache_entries", Gauge, "(conversation, member) pairs remembered by the membership gate (membership.cache_max_entries)."),
     ("readyz_probes_total", Counter, "Database probes of the public /readyz (its answer is kept for 1 s, so at most one a second)."),
     ("member_limit_rejections_total", Counter, "Member changes refused 409 for passing limits.max_group_members."),
+    ("redriven_total", Counter, "Dead letters put back on their source topic by `pipeline redrive`."),
+    ("registry_unknown_id_retries_total", Counter, "Lookups of a writer schema id the registry answered 404 for, retried within registry.unknown_id_grace_ms instead of dead-lettering the record."),
     ("jwks_fetches_total", Counter, "Fetches of the identity provider's JWKS (auth.jwks), by result (ok; failed: the keys held are kept; skipped: an unknown key id within refetch_min_ms of the last fetch)."),
     ("jwks_keys", Gauge, "Verifying keys held from the identity provider's JWKS."),
     ("blocked_refusals_total", Counter, "Requests refused 403 /problems/blocked: a write in a DIRECT conversation under a block, a DIRECT opened or an invitation by a blocked user."),

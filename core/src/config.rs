@@ -68,6 +68,15 @@ pub struct RegistrySettings {
     pub username: Option<String>,
     #[serde(default)]
     pub password: Option<secrecy::SecretString>,
+    /// How long a consumer asks again for a writer schema id the registry answers 404
+    /// for, before the record is dead-lettered (a registry restored from an old backup,
+    /// or a replica behind, knows the id a little later).
+    #[serde(default = "default_unknown_id_grace_ms")]
+    pub unknown_id_grace_ms: u64,
+}
+
+fn default_unknown_id_grace_ms() -> u64 {
+    300_000
 }
 
 impl RegistrySettings {
@@ -86,6 +95,9 @@ impl RegistrySettings {
                 password: self.password.as_ref().map(|p| p.expose_secret().to_owned()),
             },
         )
+        .map(|r| {
+            r.with_unknown_id_grace(std::time::Duration::from_millis(self.unknown_id_grace_ms))
+        })
     }
 }
 

@@ -34,6 +34,9 @@ enum Command {
     Audit,
     /// Print a topic's records, decoded, as JSON lines on stdout.
     Tail(pipeline::tail::TailArgs),
+    /// Put a dead-letter topic's records back on the topic they came from (once: the
+    /// group chatpipe-redrive remembers what went back).
+    Redrive(pipeline::redrive::RedriveArgs),
     /// Load the configuration (the defaults, --config FILE, the environment) and exit:
     /// 0 with "configuration ok", or 1 naming each unknown key and bad value.
     CheckConfig,
@@ -50,6 +53,11 @@ async fn main() -> anyhow::Result<()> {
     let extra_routes = match cli.command {
         Command::Tail(args) => {
             return pipeline::tail::run(&settings, args, &mut std::io::stdout().lock()).await
+        }
+        Command::Redrive(args) => {
+            let n = pipeline::redrive::run(&settings, &args).await?;
+            println!("redrove {n} records from {}", args.topic);
+            return Ok(());
         }
         Command::CheckConfig => {
             println!("configuration ok");

@@ -145,6 +145,9 @@ pub struct Registry {
     url: String,
     settings: SrSettings,
     http: reqwest::Client,
+    /// How long a consumer keeps asking for an id the registry answers 404 for before
+    /// it condemns the record ([`Registry::with_unknown_id_grace`]).
+    unknown_id_grace: Duration,
 }
 
 impl Registry {
@@ -176,7 +179,21 @@ impl Registry {
             url,
             settings,
             http,
+            unknown_id_grace: Duration::ZERO,
         })
+    }
+
+    /// A 404 for a writer schema's id is taken for a registry that does not know the id
+    /// *yet* (restored from an old backup, a replica behind its primary) for `grace`
+    /// after a consumer first met it; only then is the record poison.
+    pub fn with_unknown_id_grace(mut self, grace: Duration) -> Self {
+        self.unknown_id_grace = grace;
+        self
+    }
+
+    /// [`Registry::with_unknown_id_grace`].
+    pub fn unknown_id_grace(&self) -> Duration {
+        self.unknown_id_grace
     }
 
     pub fn url(&self) -> &str {

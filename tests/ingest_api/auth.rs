@@ -190,7 +190,7 @@ async fn a_standard_token_without_iat_is_accepted_and_refusals_are_plain_words()
             "the token lives longer than 86400 s (exp - iat): ask for a shorter one",
         ),
         (
-            unnamed(json!({"sub": "42", "iat": now, "exp": now + 600})),
+            unnamed(json!({"sub": "42", "iat": now, "exp": now + 600, "iss": "chatpipe"})),
             "the token has no `aud` claim",
         ),
         (

@@ -174,12 +174,12 @@ async fn a_token_must_use_its_keys_algorithm_and_forged_key_ids_do_not_flood_the
     .unwrap();
     let problem = inbox(&app, &hmac).await.problem(401);
     assert_eq!(problem["detail"], "the token's signature does not match");
-    // A provider token without aud or iss is refused like any other.
+    // A provider token without aud is refused like any other.
     let mut header = Header::new(Algorithm::RS256);
     header.kid = Some("rsa-a".into());
     let bare = encode(
         &header,
-        &json!({"sub": "42", "iat": now, "exp": now + 60}),
+        &json!({"sub": "42", "iat": now, "exp": now + 60, "iss": DEFAULT_ISSUER}),
         &EncodingKey::from_rsa_pem(RSA_A).unwrap(),
     )
     .unwrap();

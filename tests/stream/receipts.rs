@@ -186,6 +186,109 @@ async fn many_receipts_from_two_members_collapse_into_one_flush_with_each_ones_m
     p.cleanup().await;
 }
 
+/// A registry that answers 404 for the receipts' schema id for 30 s (restored from an
+/// old backup) and then knows it: the receipt waits, is applied once the registry knows
+/// the id, and nothing is dead-lettered (`registry.unknown_id_grace_ms`, 5 min).
+#[tokio::test]
+async fn a_schema_id_the_registry_does_not_know_yet_is_waited_for_not_dead_lettered() {
+    let p = spawn_pipeline_with(ReadMode::Stream).await;
+    let conv = group_with_messages(&p, 5).await;
+    let registry = chatpipe_tests::forgetful_registry(Duration::from_secs(30)).await;
+    let remembers = registry.remembers_at();
+    let mut settings = p.receipts_settings();
+    settings.registry.url = registry.url.clone();
+    let group = settings.receipts.group.clone();
+    let processor = p.start_receipts(settings);
+    p.app
+        .user(20)
+        .post(&format!("/conversations/{conv}/read"), json!({"seq": 4}))
+        .await
+        .expect(202);
+
+    p.consume_until(Duration::from_secs(90), |rs| reads_of(rs, 20).contains(&4))
+        .await;
+    assert!(
+        std::time::Instant::now() >= remembers,
+        "applied only once the registry knew the id"
+    );
+    assert_eq!(watermark(&p.app, conv, 20).await, 4);
+    wait_until_consumed(&group, &p.receipts_topic, Duration::from_secs(30)).await;
+    let dlq = format!("{}.dlq", p.receipts_topic);
+    assert_eq!(
+        chatpipe_tests::stream::end_offsets(&dlq).await,
+        0,
+        "nothing dead-lettered"
+    );
+    assert!(processor.is_running());
+    processor.stop().unwrap();
+    p.cleanup().await;
+}
+
+/// Dead letters made on purpose (a registry without the id, no grace) come back with
+/// `pipeline redrive` once the registry knows it: applied, and a second run redrives
+/// nothing (the source topic got each record once).
+#[tokio::test]
+async fn redrive_brings_dead_letters_back_once() {
+    let p = spawn_pipeline_with(ReadMode::Stream).await;
+    let conv = group_with_messages(&p, 5).await;
+    let registry = chatpipe_tests::forgetful_registry(Duration::from_secs(3600)).await;
+    let mut settings = p.receipts_settings();
+    settings.registry.url = registry.url.clone();
+    settings.registry.unknown_id_grace_ms = 0;
+    let group = settings.receipts.group.clone();
+    let processor = p.start_receipts(settings.clone());
+    for (user, seq) in [(20, 4), (30, 5)] {
+        p.app
+            .user(user)
+            .post(&format!("/conversations/{conv}/read"), json!({"seq": seq}))
+            .await
+            .expect(202);
+    }
+    let dlq = format!("{}.dlq", p.receipts_topic);
+    wait_until_consumed(&group, &p.receipts_topic, Duration::from_secs(60)).await;
+    assert_eq!(chatpipe_tests::stream::end_offsets(&dlq).await, 2);
+    assert_eq!(
+        watermark(&p.app, conv, 20).await,
+        0,
+        "dead-lettered, not applied"
+    );
+
+    registry.remember();
+    let source_before = chatpipe_tests::stream::end_offsets(&p.receipts_topic).await;
+    let redrive = |settings: pipeline::settings::Settings, dlq: String| {
+        tokio::task::spawn_blocking(move || {
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            let args = pipeline::redrive::RedriveArgs { topic: dlq };
+            rt.block_on(pipeline::redrive::run(&settings, &args))
+        })
+    };
+    let first = redrive(settings.clone(), dlq.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first, 2);
+    p.consume_until(Duration::from_secs(60), |rs| {
+        reads_of(rs, 20).contains(&4) && reads_of(rs, 30).contains(&5)
+    })
+    .await;
+    assert_eq!(
+        (
+            watermark(&p.app, conv, 20).await,
+            watermark(&p.app, conv, 30).await
+        ),
+        (4, 5)
+    );
+    let again = redrive(settings, dlq.clone()).await.unwrap().unwrap();
+    assert_eq!(again, 0, "what went back is not sent again");
+    assert_eq!(
+        chatpipe_tests::stream::end_offsets(&p.receipts_topic).await,
+        source_before + 2
+    );
+    assert_eq!(chatpipe_tests::stream::end_offsets(&dlq).await, 2);
+    processor.stop().unwrap();
+    p.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_garbage_record_goes_to_the_dead_letter_topic_and_later_receipts_still_flush() {
     let p = spawn_pipeline_with(ReadMode::Stream).await;

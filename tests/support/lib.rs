@@ -19,6 +19,7 @@ pub mod stream;
 pub mod watchdog;
 
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use chatpipe_core::auth::{unix_now, TokenKeys};
@@ -621,6 +622,88 @@ pub fn late_port(target: &str, after: Duration) -> (u16, std::time::Instant) {
         }
     });
     (port, std::time::Instant::now() + after)
+}
+
+/// The registry as a replica restored from an old backup sees it: for `forget_for` from
+/// now, every `GET …/schemas/ids/{id}` answers 404 (Confluent's 40403, "Schema not
+/// found"); every other request, and those after, go to the real registry, whose answer
+/// comes back as it is.
+pub async fn forgetful_registry(forget_for: Duration) -> Forgetful {
+    use axum::body::Body;
+    use axum::extract::Request;
+    use axum::response::{IntoResponse, Response};
+    let real = url::Url::parse(&registry_url()).expect("the registry URL");
+    let origin = real.origin().ascii_serialization();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port for the registry's proxy");
+    let proxy = format!("http://{}", listener.local_addr().unwrap());
+    let remembers = Arc::new(std::sync::Mutex::new(
+        std::time::Instant::now() + forget_for,
+    ));
+    let until = remembers.clone();
+    let client = reqwest::Client::new();
+    let target = origin.clone();
+    let forward = move |req: Request| {
+        let (client, target, until) = (client.clone(), target.clone(), until.clone());
+        async move {
+            let path = req.uri().path_and_query().map(|p| p.as_str().to_owned());
+            let path = path.unwrap_or_default();
+            let forgets = std::time::Instant::now() < *until.lock().unwrap();
+            if path.contains("/schemas/ids/") && forgets {
+                let body = r#"{"error_code":40403,"message":"Schema not found"}"#;
+                return (axum::http::StatusCode::NOT_FOUND, body).into_response();
+            }
+            let method = req.method().clone();
+            let headers = req.headers().clone();
+            let body = axum::body::to_bytes(req.into_body(), 16 << 20)
+                .await
+                .unwrap_or_default();
+            let mut out = client.request(method, format!("{target}{path}")).body(body);
+            for (name, value) in &headers {
+                if name != axum::http::header::HOST {
+                    out = out.header(name, value);
+                }
+            }
+            match out.send().await {
+                Ok(res) => {
+                    let mut answer = Response::builder().status(res.status().as_u16());
+                    for (name, value) in res.headers() {
+                        let hop = ["transfer-encoding", "connection", "content-length"];
+                        if !hop.contains(&name.as_str()) {
+                            answer = answer.header(name.as_str(), value.as_bytes());
+                        }
+                    }
+                    let bytes = res.bytes().await.unwrap_or_default();
+                    answer.body(Body::from(bytes)).unwrap()
+                }
+                Err(_) => axum::http::StatusCode::BAD_GATEWAY.into_response(),
+            }
+        }
+    };
+    let app = axum::Router::new().fallback(forward);
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Forgetful {
+        url: registry_url().replacen(&origin, &proxy, 1),
+        remembers,
+    }
+}
+
+/// A [`forgetful_registry`]: its URL, and when it knows the ids again.
+pub struct Forgetful {
+    pub url: String,
+    remembers: Arc<std::sync::Mutex<std::time::Instant>>,
+}
+
+impl Forgetful {
+    /// From now on it answers as the registry does.
+    pub fn remember(&self) {
+        *self.remembers.lock().unwrap() = std::time::Instant::now();
+    }
+
+    pub fn remembers_at(&self) -> std::time::Instant {
+        *self.remembers.lock().unwrap()
+    }
 }
 
 #[cfg(test)]

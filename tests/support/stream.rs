@@ -784,6 +784,32 @@ pub fn behind(group: &str, topic: &str) -> Vec<(i32, i64, i64)> {
     behind
 }
 
+/// The records `topic` holds in all (the sum of its partitions' end offsets); 0 for a
+/// topic that does not exist.
+pub async fn end_offsets(topic: &str) -> i64 {
+    let topic = topic.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let consumer: chatpipe_core::kafka::BaseConsumer =
+            chatpipe_core::kafka::consumer_config(&brokers(), &format!("{topic}-ends"))
+                .create_guarded()
+                .expect("Kafka consumer");
+        let metadata = consumer
+            .fetch_metadata(Some(&topic), Duration::from_secs(10))
+            .expect("metadata");
+        let partitions = metadata.topics()[0].partitions().len() as i32;
+        (0..partitions)
+            .map(|p| {
+                consumer
+                    .fetch_watermarks(&topic, p, Duration::from_secs(5))
+                    .expect("watermarks")
+                    .1
+            })
+            .sum()
+    })
+    .await
+    .unwrap()
+}
+
 /// Whether `group` has committed every record of `topic`.
 pub async fn is_consumed(group: &str, topic: &str) -> bool {
     let (group, topic) = (group.to_owned(), topic.to_owned());

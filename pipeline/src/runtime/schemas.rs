@@ -3,12 +3,13 @@
 //! (retried) and bad records (dead-lettered).
 
 use std::collections::HashMap;
+use std::time::Instant;
 
 use apache_avro::Schema;
 use chatpipe_schemas::avro::{from_value, read_with, split_frame};
 use chatpipe_schemas::delivery::Delivery;
 use chatpipe_schemas::receipt::ReadReceipt;
-use chatpipe_schemas::registry::Registry;
+use chatpipe_schemas::registry::{LookupError, Registry};
 use chatpipe_schemas::ChatEvent;
 use rdkafka::Message;
 use tokio::runtime::Handle;
@@ -18,6 +19,8 @@ use super::Failure;
 /// Writer schemas by id, held by one reader thread.
 pub struct WriterSchemas {
     cache: HashMap<u32, Schema>,
+    /// Ids the registry answered 404 for, and when that was first seen.
+    missing_since: HashMap<u32, Instant>,
     registry: Registry,
     handle: Handle,
 }
@@ -28,20 +31,41 @@ impl WriterSchemas {
     pub fn new(registry: Registry, handle: Handle) -> Self {
         Self {
             cache: HashMap::new(),
+            missing_since: HashMap::new(),
             registry,
             handle,
         }
     }
 
-    /// The schema the framed `bytes` were written with. Not framed, or an id the
-    /// registry does not have: poison. The registry not answering: retriable.
+    /// The schema the framed `bytes` were written with. Not framed: poison. The registry
+    /// not answering: retriable. An id the registry does not have: retriable for
+    /// `registry.unknown_id_grace_ms` from when this reader first met it, poison after.
     pub fn of(&mut self, bytes: &[u8]) -> Result<&Schema, Failure> {
         let (id, _) = split_frame(bytes).map_err(|e| Failure::poison(e.to_string()))?;
         match self.cache.entry(id) {
             std::collections::hash_map::Entry::Occupied(e) => Ok(e.into_mut()),
             std::collections::hash_map::Entry::Vacant(e) => {
-                let schema = self.handle.block_on(self.registry.writer_schema(id))?;
-                Ok(e.insert(schema))
+                match self.handle.block_on(self.registry.writer_schema(id)) {
+                    Ok(schema) => {
+                        self.missing_since.remove(&id);
+                        Ok(e.insert(schema))
+                    }
+                    Err(LookupError::NotFound(id)) => {
+                        let grace = self.registry.unknown_id_grace();
+                        let since = *self.missing_since.entry(id).or_insert_with(Instant::now);
+                        if since.elapsed() < grace {
+                            metrics::counter!("registry_unknown_id_retries_total").increment(1);
+                            Err(Failure::retriable(anyhow::anyhow!(
+                                "the schema registry has no schema with id {id} (yet): asked \
+                                 again for up to {} s before the record is dead-lettered",
+                                grace.as_secs()
+                            )))
+                        } else {
+                            Err(LookupError::NotFound(id).into())
+                        }
+                    }
+                    Err(other) => Err(other.into()),
+                }
             }
         }
     }
