@@ -58,7 +58,7 @@ pub async fn run(settings: &Settings, args: &RedriveArgs) -> anyhow::Result<u64>
         .context("creating the Kafka producer")?;
     let ends = ends(&consumer, &dlq)?;
     let mut start = consumer
-        .committed_offsets(assignment(&dlq, &ends, |_| Offset::Beginning)?, TIMEOUT)
+        .committed_offsets(from_the_start(&dlq, &ends)?, TIMEOUT)
         .context("reading the group's offsets")?;
     // A partition the group never committed starts at its beginning.
     let fresh: Vec<i32> = start
@@ -133,14 +133,11 @@ fn ends(consumer: &BaseConsumer, topic: &str) -> anyhow::Result<HashMap<i32, i64
         .collect()
 }
 
-fn assignment(
-    topic: &str,
-    ends: &HashMap<i32, i64>,
-    offset: impl Fn(i32) -> Offset,
-) -> anyhow::Result<TopicPartitionList> {
+/// Every partition of `topic` in `ends`, at its beginning.
+fn from_the_start(topic: &str, ends: &HashMap<i32, i64>) -> anyhow::Result<TopicPartitionList> {
     let mut tpl = TopicPartitionList::new();
     for p in ends.keys() {
-        tpl.add_partition_offset(topic, *p, offset(*p))?;
+        tpl.add_partition_offset(topic, *p, Offset::Beginning)?;
     }
     Ok(tpl)
 }

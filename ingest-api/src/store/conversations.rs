@@ -176,6 +176,12 @@ async fn rejoin_direct(
     peer: UserId,
 ) -> Result<ConversationView, StoreError> {
     let id: ConversationId = db::id(view.conversation_id)?;
+    // A member (the common case) is answered by the gate, without the row lock.
+    match db.members.require(&db.pool, id, caller).await {
+        Ok(()) => return Ok(view),
+        Err(StoreError::NotFound { .. }) => {}
+        Err(err) => return Err(err),
+    }
     let mut tx = db.pool.begin().await?;
     let (last_seq, member): (i64, bool) = sqlx::query_as(
         "SELECT c.last_seq, EXISTS (SELECT 1 FROM conversation_member m
