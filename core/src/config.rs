@@ -131,7 +131,7 @@ pub struct KafkaSettings {
     /// librdkafka properties set on every client, after ours: how to reach a secured
     /// cluster (`security.protocol`, `sasl.*`, `ssl.*`). See [`crate::kafka::apply`].
     #[serde(default)]
-    pub properties: std::collections::BTreeMap<String, String>,
+    pub properties: crate::kafka::Properties,
 }
 
 impl KafkaSettings {

@@ -45,3 +45,59 @@ impl SynchronousCommit {
         options.options([("synchronous_commit", self.setting())])
     }
 }
+
+/// `database.url`'s value when none is configured: no credentials are compiled in, so a
+/// service without one refuses to start ([`connect_options`] names the key).
+pub fn no_url() -> secrecy::SecretString {
+    secrecy::SecretString::from("")
+}
+
+/// The connect options of `database.url` for a pool of service `application`. An empty
+/// URL is an error naming the key and its variable, a malformed one names them too; the
+/// URL itself (with its password) is never in the message.
+pub fn connect_options(
+    url: &secrecy::SecretString,
+    application: &str,
+) -> Result<sqlx::postgres::PgConnectOptions, UrlError> {
+    use secrecy::ExposeSecret;
+    let url = url.expose_secret();
+    if url.trim().is_empty() {
+        return Err(UrlError::Missing);
+    }
+    url.parse::<sqlx::postgres::PgConnectOptions>()
+        .map(|options| options.application_name(application))
+        .map_err(|err| UrlError::Malformed(crate::redact::text(&err.to_string(), url)))
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum UrlError {
+    #[error(
+        "database.url (DATABASE_URL) is not set: give the PostgreSQL URL of a login role \
+         that is a member of chatpipe_service (docs/operations.md, \"Database roles\")"
+    )]
+    Missing,
+    #[error("database.url (DATABASE_URL) is not a PostgreSQL URL: {0}")]
+    Malformed(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_url_names_the_key() {
+        let err = connect_options(&no_url(), "x").unwrap_err().to_string();
+        assert!(
+            err.starts_with("database.url (DATABASE_URL) is not set"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_malformed_url_is_refused_without_its_password() {
+        let url = secrecy::SecretString::from("postgres://u:hunter2@[::1/db");
+        let err = connect_options(&url, "x").unwrap_err().to_string();
+        assert!(err.contains("database.url"), "{err}");
+        assert!(!err.contains("hunter2"), "{err}");
+    }
+}

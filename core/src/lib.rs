@@ -9,6 +9,7 @@ pub mod http;
 pub mod kafka;
 pub mod outbox;
 pub mod problem;
+pub mod redact;
 pub mod startup;
 pub mod telemetry;
 pub mod watermark;

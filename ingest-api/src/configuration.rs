@@ -68,7 +68,7 @@ pub struct KafkaSettings {
     /// librdkafka properties for a secured cluster (TLS, SASL): see
     /// `chatpipe_core::kafka::apply`.
     #[serde(default)]
-    pub properties: std::collections::BTreeMap<String, String>,
+    pub properties: chatpipe_core::kafka::Properties,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -89,6 +89,8 @@ pub struct HttpSettings {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DatabaseSettings {
+    /// No default: a login role of chatpipe_service (docs/operations.md).
+    #[serde(default = "chatpipe_core::db::no_url")]
     pub url: SecretString,
     pub max_connections: u32,
     pub min_connections: u32,

@@ -10,8 +10,7 @@ use anyhow::Context;
 use axum::Router;
 use chatpipe_core::startup::wait_for;
 use chatpipe_schemas::registry::incompatible;
-use secrecy::ExposeSecret;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 
@@ -66,6 +65,8 @@ impl Application {
         let pool = connect(&settings.database).await?;
         if settings.database.migrate_on_start {
             migrate(&pool).await?;
+        } else {
+            require_schema(&pool).await?;
         }
         let receipts = match settings.reads.mode {
             ReadMode::Direct => None,
@@ -212,16 +213,10 @@ impl Application {
 /// The bounded pool. Every connection caps each statement at `statement_timeout_ms` and
 /// commits durably (`synchronous_commit`): a 201 is sent only after that COMMIT.
 pub async fn connect(db: &DatabaseSettings) -> anyhow::Result<PgPool> {
-    let options: PgConnectOptions = db
-        .url
-        .expose_secret()
-        .parse()
-        .context("database.url (DATABASE_URL) is not a PostgreSQL URL")?;
-    let options = db.synchronous_commit.apply(
-        options
-            .application_name("ingest-api")
-            .options([("statement_timeout", db.statement_timeout_ms.to_string())]),
-    );
+    let options = chatpipe_core::db::connect_options(&db.url, "ingest-api")?;
+    let options = db
+        .synchronous_commit
+        .apply(options.options([("statement_timeout", db.statement_timeout_ms.to_string())]));
     PgPoolOptions::new()
         .max_connections(db.max_connections)
         .min_connections(db.min_connections)
@@ -248,6 +243,34 @@ pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
     let applied = MIGRATOR.run(&mut conn).await.context("applying migrations");
     let _ = sqlx::Connection::close(conn).await;
     applied
+}
+
+/// Refuses a database whose schema is older than this build (or has none): the services
+/// do not own the schema and cannot migrate it; `ingest-api migrate`, run as its owner,
+/// does. A newer schema is fine (migrations add; a rolling deploy runs old and new).
+pub async fn require_schema(pool: &PgPool) -> anyhow::Result<()> {
+    let needed = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
+    let applied: Option<i64> =
+        sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
+            .fetch_one(pool)
+            .await
+            .map_err(|err| match &err {
+                sqlx::Error::Database(db) if db.code().as_deref() == Some("42P01") => {
+                    anyhow::anyhow!(
+                        "the database has no chatpipe schema: run `ingest-api migrate` \
+                         as the schema's owner first"
+                    )
+                }
+                _ => anyhow::Error::new(err).context("reading the applied migrations"),
+            })?;
+    match applied {
+        Some(version) if version >= needed => Ok(()),
+        applied => anyhow::bail!(
+            "the database's schema is at migration {}, this build needs {needed}: run \
+             `ingest-api migrate` as the schema's owner first",
+            applied.map_or("none".to_owned(), |v| v.to_string())
+        ),
+    }
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

@@ -50,6 +50,14 @@ async fn main() -> anyhow::Result<()> {
     let readiness = Readiness::default();
     let stop = Arc::new(AtomicBool::new(false));
     let mut supervisor = Supervisor::new(stop.clone());
+    if matches!(
+        cli.command,
+        Command::Receipts | Command::Fanout | Command::Audit
+    ) {
+        // A missing or malformed database.url is the operator's to fix: refused here,
+        // not retried by a supervised reader.
+        chatpipe_core::db::connect_options(&settings.database.url, "pipeline")?;
+    }
     let extra_routes = match cli.command {
         Command::Tail(args) => {
             return pipeline::tail::run(&settings, args, &mut std::io::stdout().lock()).await
@@ -76,7 +84,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Audit => {
             chatpipe_core::telemetry::build_info("audit");
             let audit = pipeline::audit::Audit::new(&settings);
-            pipeline::audit::spawn(&settings, &mut supervisor, &readiness, audit.clone());
+            pipeline::audit::spawn(&settings, &mut supervisor, &readiness, audit.clone())?;
             pipeline::audit::report::router(audit)
         }
     };

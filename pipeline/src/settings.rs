@@ -29,7 +29,9 @@ pub struct Settings {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DatabaseSettings {
-    pub url: String,
+    /// No default: a login role of chatpipe_service (docs/operations.md).
+    #[serde(default = "chatpipe_core::db::no_url")]
+    pub url: secrecy::SecretString,
     pub max_connections: u32,
     pub acquire_timeout_ms: u64,
     pub synchronous_commit: chatpipe_core::db::SynchronousCommit,
@@ -76,6 +78,8 @@ pub struct FanoutSettings {
     pub produce_queue_max: usize,
     pub changelog_topic: String,
     pub max_cached_conversations: usize,
+    /// Member ids kept in memory over all conversations (`fanout_cached_members`).
+    pub max_cached_members: usize,
 }
 
 /// `pipeline audit`: see `[audit]` in config/pipeline.toml.
@@ -145,14 +149,8 @@ impl DatabaseSettings {
     /// Every connection commits durably: the receipts processor commits its offsets
     /// after a flush's COMMIT, so a flush lost in a crash would never be replayed.
     fn connect_options(&self) -> anyhow::Result<sqlx::postgres::PgConnectOptions> {
-        use anyhow::Context;
-        let options: sqlx::postgres::PgConnectOptions = self
-            .url
-            .parse()
-            .context("database.url / DATABASE_URL is not a PostgreSQL URL")?;
-        Ok(self
-            .synchronous_commit
-            .apply(options.application_name("pipeline")))
+        let options = chatpipe_core::db::connect_options(&self.url, "pipeline")?;
+        Ok(self.synchronous_commit.apply(options))
     }
 
     fn pool_options(&self) -> sqlx::postgres::PgPoolOptions {

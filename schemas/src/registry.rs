@@ -46,12 +46,22 @@ pub fn incompatible(err: &RegistryError) -> bool {
 
 /// How to reach a registry behind TLS with a private CA, or one that wants credentials
 /// (HTTP basic, as Confluent's and Apicurio's do).
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct Access {
     /// PEM file of a CA to trust besides the system's (`https://` URLs).
     pub ca_file: Option<std::path::PathBuf>,
     pub username: Option<String>,
     pub password: Option<String>,
+}
+
+impl std::fmt::Debug for Access {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Access")
+            .field("ca_file", &self.ca_file)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .finish()
+    }
 }
 
 /// What every HTTP client of one registry is built with: the CA (read once) and the
@@ -73,6 +83,33 @@ impl ClientParts {
         }
         builder
     }
+}
+
+/// `url` without user info, and `access` with it as HTTP basic credentials (those of
+/// `access` win): a registry URL with a password in it is never kept, logged or put in
+/// an error.
+fn credentials_out_of(url: &str, access: &Access) -> Result<(String, Access), RegistryError> {
+    let trimmed = url.trim_end_matches('/');
+    let Ok(mut parsed) = reqwest::Url::parse(trimmed) else {
+        return Ok((trimmed.to_owned(), access.clone()));
+    };
+    if parsed.username().is_empty() && parsed.password().is_none() {
+        return Ok((trimmed.to_owned(), access.clone()));
+    }
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8()
+            .map(|d| d.into_owned())
+            .map_err(|_| RegistryError::Client("registry.url: its user info is not UTF-8".into()))
+    };
+    let mut access = access.clone();
+    if access.username.is_none() {
+        access.username = Some(decode(parsed.username())?);
+        access.password = parsed.password().map(decode).transpose()?;
+    }
+    let _ = parsed.set_username("");
+    let _ = parsed.set_password(None);
+    Ok((parsed.as_str().trim_end_matches('/').to_owned(), access))
 }
 
 impl Access {
@@ -161,7 +198,7 @@ impl Registry {
         timeout: Duration,
         access: &Access,
     ) -> Result<Self, RegistryError> {
-        let url = url.trim_end_matches('/').to_owned();
+        let (url, access) = credentials_out_of(url, access)?;
         let parts = access.parts()?;
         let settings = SrSettings::new_builder(url.clone())
             .no_proxy()
@@ -477,5 +514,43 @@ impl EventDecoder {
     /// promises.
     pub async fn decode(&self, bytes: &[u8]) -> Result<ChatEvent, DecodeError> {
         Ok(from_value(self.value(bytes).await?)?)
+    }
+}
+
+#[cfg(test)]
+mod credentials_tests {
+    use super::*;
+
+    #[test]
+    fn credentials_in_the_url_become_basic_auth_and_leave_the_url() {
+        let (url, access) = credentials_out_of(
+            "https://svc:p%40ss@reg.example:8443/apis/ccompat/v7/",
+            &Access::default(),
+        )
+        .unwrap();
+        assert_eq!(url, "https://reg.example:8443/apis/ccompat/v7");
+        assert_eq!(access.username.as_deref(), Some("svc"));
+        assert_eq!(access.password.as_deref(), Some("p@ss"));
+        let registry = Registry::new(
+            "https://svc:p%40ss@reg.example/apis",
+            Duration::from_secs(1),
+        )
+        .unwrap();
+        assert_eq!(registry.url(), "https://reg.example/apis");
+        assert!(!format!("{access:?}").contains("p@ss"));
+    }
+
+    #[test]
+    fn configured_credentials_win_and_a_plain_url_is_kept() {
+        let given = Access {
+            username: Some("cfg".into()),
+            password: Some("cfg-pw".into()),
+            ..Access::default()
+        };
+        let (url, access) = credentials_out_of("http://u:p@reg/x", &given).unwrap();
+        assert_eq!(url, "http://reg/x");
+        assert_eq!(access.username.as_deref(), Some("cfg"));
+        let (url, _) = credentials_out_of("http://reg/x", &Access::default()).unwrap();
+        assert_eq!(url, "http://reg/x");
     }
 }

@@ -208,7 +208,7 @@ async fn run_scale(
     let mut settings = Settings::defaults_with_secret(JWT_SECRET);
     settings.http.addr = "127.0.0.1:0".parse()?;
     settings.admin.addr = "127.0.0.1:0".parse()?;
-    settings.database.url = SecretString::from(url.to_owned());
+    settings.database.url = SecretString::from(chatpipe_tests::as_service(url));
     settings.database.migrate_on_start = false;
     settings.registry.url = args.stack.registry.clone();
     settings.kafka.brokers = args.stack.brokers.clone();

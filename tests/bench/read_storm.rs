@@ -378,7 +378,7 @@ async fn phase(
             settings.kafka.brokers = args.stack.brokers.clone();
             settings.registry.url = args.stack.registry.clone();
             settings.registry.events_subject = subject.clone();
-            settings.database.url = url.clone();
+            settings.database.url = chatpipe_tests::as_service(&url).into();
             settings.receipts.topic = reads_topic.clone();
             settings.receipts.group = format!("{db}-read");
             settings.receipts.acks_topic = acks_topic.clone();
@@ -393,7 +393,7 @@ async fn phase(
     let mut settings = Settings::defaults_with_secret(JWT_SECRET);
     settings.http.addr = "127.0.0.1:0".parse()?;
     settings.admin.addr = "127.0.0.1:0".parse()?;
-    settings.database.url = SecretString::from(url.clone());
+    settings.database.url = SecretString::from(chatpipe_tests::as_service(&url));
     settings.database.migrate_on_start = false;
     settings.registry.url = args.stack.registry.clone();
     settings.registry.events_subject = subject;

@@ -255,18 +255,14 @@ fn registry_storage_persists_kafka_has_a_host_listener_and_one_database_name_is_
             }
         }
     }
+    // No credentials compiled in: the services' defaults name no database at all.
     for config in ["config/ingest-api.toml", "config/pipeline.toml"] {
         let text = std::fs::read_to_string(repo_root().join(config)).unwrap();
-        let url = text
-            .lines()
-            .find(|l| l.starts_with("url = \"postgres://"))
-            .unwrap_or_else(|| panic!("{config} has a database url"));
-        names.insert(
-            url.trim_end_matches('"')
-                .rsplit('/')
-                .next()
-                .unwrap()
-                .to_owned(),
+        assert!(
+            !text
+                .lines()
+                .any(|l| l.trim_start().starts_with("url = \"postgres://")),
+            "{config} has a database URL (with credentials) among its defaults"
         );
     }
     assert_eq!(names.into_iter().collect::<Vec<_>>(), ["chatpipe"]);
@@ -279,6 +275,37 @@ fn registry_storage_persists_kafka_has_a_host_listener_and_one_database_name_is_
             ".dockerignore lacks {path}"
         );
     }
+}
+
+/// Least privilege in compose as in scripts/stack: the services log in as
+/// chatpipe_service, Debezium as chatpipe_cdc, the registry as a role owning only its own
+/// database; only the one-shot `migrate` (the schema's owner) uses the superuser.
+#[test]
+fn compose_logs_every_part_in_with_its_own_role() {
+    let doc = compose();
+    let services = &doc["services"];
+    for (name, service) in services.as_mapping().unwrap() {
+        let name = name.as_str().unwrap();
+        let env = environment(service);
+        if let Some(url) = env.get("DATABASE_URL") {
+            let user = url.split("://").nth(1).unwrap().split(':').next().unwrap();
+            let want = if name == "migrate" {
+                "postgres"
+            } else {
+                "chatpipe_service"
+            };
+            assert_eq!(user, want, "{name}'s DATABASE_URL");
+        }
+    }
+    let connect = environment(&services["connect"]);
+    assert_eq!(connect["CHATPIPE_CDC_USER"], "chatpipe_cdc");
+    let registry = environment(&services["registry"]);
+    assert_eq!(
+        registry["APICURIO_DATASOURCE_USERNAME"],
+        "chatpipe_registry"
+    );
+    let volumes = serde_yaml_ng::to_string(&services["postgres"]["volumes"]).unwrap();
+    assert!(volumes.contains("config/postgres/roles.sql"), "{volumes}");
 }
 
 #[test]

@@ -13,7 +13,7 @@ async fn start(adjust: impl FnOnce(&mut Settings)) -> Result<(), String> {
     settings.http.addr = "127.0.0.1:0".parse().unwrap();
     settings.admin.addr = "127.0.0.1:0".parse().unwrap();
     settings.registry.url = registry_url();
-    settings.database.url = chatpipe_tests::fresh_database().await.into();
+    settings.database.url = chatpipe_tests::migrated_database().await.into();
     settings.demo.enabled = true;
     adjust(&mut settings);
     match ingest_api::startup::Application::build(settings).await {

@@ -2,74 +2,15 @@
 //! keys of a JWKS the test serves over HTTP, across a key rotation, with the number of
 //! fetches the test's server counted (not ingest-api's metrics).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use chatpipe_core::auth::jwks::JwksSettings;
 use chatpipe_core::auth::{unix_now, DEFAULT_AUDIENCE, DEFAULT_ISSUER};
+use chatpipe_tests::jwks::{provider_token, Provider, ED, KEYS, RSA_A, RSA_B};
 use chatpipe_tests::{spawn_app_with, Resp, TestApp};
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::{json, Value};
-
-const KEYS: &str = include_str!("../support/jwks/keys.json");
-const RSA_A: &[u8] = include_bytes!("../support/jwks/rsa-a.pem");
-const RSA_B: &[u8] = include_bytes!("../support/jwks/rsa-b.pem");
-const ED: &[u8] = include_bytes!("../support/jwks/ed25519.pem");
-
-/// The provider's JWKS endpoint: serves the keys named in `serving` (or a 500 when
-/// `failing`) and counts the requests.
-#[derive(Clone, Default)]
-struct Provider {
-    serving: Arc<Mutex<Vec<&'static str>>>,
-    failing: Arc<std::sync::atomic::AtomicBool>,
-    fetches: Arc<AtomicUsize>,
-}
-
-impl Provider {
-    async fn start(serving: &[&'static str]) -> (Self, String) {
-        let provider = Self::default();
-        provider.serve(serving);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}/certs", listener.local_addr().unwrap());
-        let p = provider.clone();
-        let app = axum::Router::new().route(
-            "/certs",
-            axum::routing::get(move || {
-                let p = p.clone();
-                async move { p.answer() }
-            }),
-        );
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        (provider, url)
-    }
-
-    fn serve(&self, kids: &[&'static str]) {
-        *self.serving.lock().unwrap() = kids.to_vec();
-    }
-
-    fn answer(&self) -> Response {
-        self.fetches.fetch_add(1, Ordering::SeqCst);
-        if self.failing.load(Ordering::SeqCst) {
-            return StatusCode::INTERNAL_SERVER_ERROR.into_response();
-        }
-        let all: Value = serde_json::from_str(KEYS).unwrap();
-        let keys: Vec<Value> = self
-            .serving
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|kid| all[*kid].clone())
-            .collect();
-        axum::Json(json!({ "keys": keys })).into_response()
-    }
-
-    fn fetches(&self) -> usize {
-        self.fetches.load(Ordering::SeqCst)
-    }
-}
 
 async fn app_with_provider(url: &str, refetch_min_ms: u64) -> TestApp {
     let jwks = JwksSettings {
@@ -79,21 +20,6 @@ async fn app_with_provider(url: &str, refetch_min_ms: u64) -> TestApp {
         fetch_timeout_ms: 2000,
     };
     spawn_app_with(|s| s.auth.jwks = Some(jwks)).await
-}
-
-/// A token for `user` signed by the provider's key `kid` with `alg`.
-fn provider_token(alg: Algorithm, kid: &str, pem: &[u8], user: i64) -> String {
-    let key = match alg {
-        Algorithm::EdDSA => EncodingKey::from_ed_pem(pem),
-        _ => EncodingKey::from_rsa_pem(pem),
-    }
-    .unwrap();
-    let mut header = Header::new(alg);
-    header.kid = Some(kid.to_owned());
-    let now = unix_now();
-    let claims = json!({"sub": user.to_string(), "iat": now, "exp": now + 600,
-                        "aud": DEFAULT_AUDIENCE, "iss": DEFAULT_ISSUER});
-    encode(&header, &claims, &key).unwrap()
 }
 
 async fn inbox(app: &TestApp, token: &str) -> Resp {

@@ -13,6 +13,7 @@ mod edits;
 mod group_commit;
 mod inbox;
 mod jwks;
+mod least_privilege;
 mod limits;
 mod migrations;
 mod nonmembers;

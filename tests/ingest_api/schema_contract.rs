@@ -223,7 +223,7 @@ async fn ingest_api_started_before_the_registry_waits_for_it() {
     let mut settings = Settings::defaults_with_secret(JWT_SECRET);
     settings.http.addr = "127.0.0.1:0".parse().unwrap();
     settings.admin.addr = "127.0.0.1:0".parse().unwrap();
-    settings.database.url = chatpipe_tests::fresh_database().await.into();
+    settings.database.url = chatpipe_tests::migrated_database().await.into();
     settings.registry.url = late_registry;
     let app = ingest_api::startup::Application::build(settings)
         .await

@@ -10,6 +10,7 @@ mod late_start;
 mod limits;
 mod membership;
 mod slow_client;
+mod tokens;
 mod typing;
 
 use std::time::Duration;

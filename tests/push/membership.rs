@@ -164,3 +164,35 @@ async fn a_member_removed_while_online_stops_at_member_left_and_one_added_starts
     gw.stop().await.unwrap();
     p.cleanup().await;
 }
+
+/// Membership changes of one conversation within one tick are one changelog write: a
+/// group made with 150 members in one call is 151 membership events (its creation and
+/// 150 joins), written as one entry, not 151 growing ones. Counted from the changelog
+/// topic's own end offsets; the tick is 5 s here so that the 151 events, which arrive
+/// together, fall in at most two ticks.
+#[tokio::test]
+async fn the_membership_changes_of_one_tick_are_one_changelog_write_per_conversation() {
+    let p = spawn_pipeline().await;
+    let gw = p.start_gateway(p.gateway_settings("gw", 0)).await;
+    let mut settings = p.fanout_settings();
+    settings.fanout.tick_ms = 5_000;
+    let changelog = settings.fanout.changelog_topic.clone();
+    let fanout = p.start_fanout(settings);
+    let members: Vec<i64> = (2..=151).collect();
+    let mut ws = p.connect(&gw.url, 2).await;
+    fanout.wait_online(&[2], PRESENCE_DEADLINE).await;
+    let conversation = p.app.user(1).create_group(&members).await;
+    // Its message is on the same partition, after the joins: once it is pushed, fanout
+    // has applied all 151 membership events.
+    let seq = p.app.user(1).send_message(conversation, "hello").await;
+    ws.until(PUSH_DEADLINE, is_message(conversation, seq)).await;
+    // A stop writes what the last tick did not, and waits for the acks.
+    fanout.stop().unwrap();
+    let writes = chatpipe_tests::stream::end_offsets(&changelog).await;
+    assert!(
+        (1..=2).contains(&writes),
+        "151 membership changes of one conversation: {writes} changelog writes"
+    );
+    gw.stop().await.unwrap();
+    p.cleanup().await;
+}

@@ -2,6 +2,7 @@
 //! processor -> one batched, monotone UPDATE per window -> read.updated on chat.events.
 
 use chatpipe_core::kafka::CreateGuarded;
+use secrecy::ExposeSecret;
 use std::time::Duration;
 
 use chatpipe_core::kafka::FutureProducer;
@@ -380,7 +381,7 @@ fn processor_process(p: &Pipeline, extra: &[(&str, &str)]) -> tokio::process::Ch
     cmd.arg("receipts")
         .env("KAFKA_BROKERS", &s.kafka.brokers)
         .env("SCHEMA_REGISTRY_URL", &s.registry.url)
-        .env("DATABASE_URL", &s.database.url)
+        .env("DATABASE_URL", s.database.url.expose_secret())
         .env(
             "CHATPIPE_REGISTRY__EVENTS_SUBJECT",
             &s.registry.events_subject,

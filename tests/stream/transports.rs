@@ -81,7 +81,7 @@ fn sasl_settings(password: &str) -> KafkaSettings {
     .collect();
     KafkaSettings {
         brokers: stack_var("KAFKA_SASL_BROKERS"),
-        properties,
+        properties: properties.into(),
     }
 }
 

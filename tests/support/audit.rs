@@ -35,7 +35,8 @@ impl Pipeline {
         let readiness = pipeline::runtime::Readiness::default();
         let audit = pipeline::audit::Audit::new(&settings);
         let mut supervisor = pipeline::runtime::Supervisor::new(stop.clone());
-        pipeline::audit::spawn(&settings, &mut supervisor, &readiness, audit.clone());
+        pipeline::audit::spawn(&settings, &mut supervisor, &readiness, audit.clone())
+            .expect("the auditor starts");
         let done = tokio::spawn(supervisor.wait());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

@@ -11,6 +11,7 @@ pub mod bench;
 pub mod cluster;
 pub mod cpu;
 pub mod drill;
+pub mod jwks;
 pub mod pgbench;
 pub mod pgstats;
 pub mod push;
@@ -34,6 +35,12 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, Executor, PgConnection, PgPool};
 
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres:postgres@127.0.0.1:5432/postgres";
+/// scripts/stack.env's SERVICE_DATABASE_URL.
+pub const DEFAULT_SERVICE_DATABASE_URL: &str =
+    "postgres://chatpipe_service:chatpipe-service-stack-secret@127.0.0.1:5432/chatpipe";
+/// scripts/stack.env's CDC_DATABASE_URL.
+pub const DEFAULT_CDC_DATABASE_URL: &str =
+    "postgres://chatpipe_cdc:chatpipe-cdc-stack-secret@127.0.0.1:5432/chatpipe";
 pub const DEFAULT_REGISTRY_URL: &str = "http://127.0.0.1:8081/apis/ccompat/v7";
 pub const JWT_SECRET: &str = "test-secret-test-secret-test-secret!";
 const DB_PREFIX: &str = "cp_test_";
@@ -58,6 +65,52 @@ pub fn metric_sum(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
 
 pub fn server_url() -> String {
     stack::endpoints().database_url.clone()
+}
+
+/// `url` (a database of the test server) as the services reach it: the same database,
+/// host and options, logged in as the least-privilege `chatpipe_service`
+/// (config/postgres/roles.sql) instead of the superuser the tests use.
+pub fn as_service(url: &str) -> String {
+    let login = url::Url::parse(&stack::endpoints().service_database_url)
+        .expect("the service database URL is a URL");
+    let mut url = url::Url::parse(url).expect("a database URL");
+    url.set_username(login.username())
+        .expect("a URL with a host");
+    url.set_password(login.password())
+        .expect("a URL with a host");
+    url.into()
+}
+
+/// Debezium's login (`chatpipe_cdc`, any database of the server) and the CA its TLS is
+/// checked against: `CDC_DATABASE_URL` and `STACK_TLS_CA` of `scripts/stack env`.
+pub fn cdc_login() -> (String, std::path::PathBuf) {
+    let url = std::env::var("CDC_DATABASE_URL").unwrap_or_else(|_| DEFAULT_CDC_DATABASE_URL.into());
+    let ca = std::env::var("STACK_TLS_CA")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| stack::repo_root().join(".stack/tls/ca.pem"));
+    (url, ca)
+}
+
+/// Applies the migrations to the database of `url` as its owner (the superuser of `url`),
+/// as `ingest-api migrate` does before services start; a migrated database is left as it is.
+pub async fn migrate_as_owner(url: &str) {
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(url)
+        .await
+        .unwrap_or_else(|err| panic!("PostgreSQL is not reachable to migrate: {err}"));
+    ingest_api::startup::migrate(&pool)
+        .await
+        .expect("the migrations apply");
+    pool.close().await;
+}
+
+/// A fresh database, migrated by its owner; the URL the services use for it
+/// ([`as_service`]).
+pub async fn migrated_database() -> String {
+    let url = fresh_database().await;
+    migrate_as_owner(&url).await;
+    as_service(&url)
 }
 
 pub fn registry_url() -> String {
@@ -181,8 +234,13 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     settings.reads.mode = ReadMode::Direct;
     settings.kafka.brokers = stream::brokers();
     adjust(&mut settings);
-    // `adjust` may point the app at another app's database (a second process).
+    // `adjust` may point the app at another app's database (a second process). The app
+    // connects as the services do, to a database its owner migrated; the test's own pool
+    // is the superuser's.
     let url = settings.database.url.expose_secret().to_owned();
+    migrate_as_owner(&url).await;
+    settings.database.url = SecretString::from(as_service(&url));
+    settings.database.migrate_on_start = false;
     let registry = settings.registry.connect().unwrap();
     let codec = registry
         .event_codec_for(&settings.registry.events_subject)

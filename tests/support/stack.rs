@@ -20,6 +20,9 @@ use std::sync::OnceLock;
 pub struct Endpoints {
     /// A PostgreSQL server URL; tests create databases of their own on it.
     pub database_url: String,
+    /// The same server as the services log in: `chatpipe_service`
+    /// (config/postgres/roles.sql). Only its user and password are used.
+    pub service_database_url: String,
     pub brokers: String,
     /// The registry's Confluent-compatible API.
     pub registry_url: String,
@@ -47,6 +50,7 @@ impl Provider for Native {
             |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.into());
         Ok(Endpoints {
             database_url: var("DATABASE_URL", crate::DEFAULT_DATABASE_URL),
+            service_database_url: var("SERVICE_DATABASE_URL", crate::DEFAULT_SERVICE_DATABASE_URL),
             brokers: var("KAFKA_BROKERS", "127.0.0.1:9092"),
             registry_url: var("SCHEMA_REGISTRY_URL", crate::DEFAULT_REGISTRY_URL),
             connect_url: var("KAFKA_CONNECT_URL", "http://127.0.0.1:8083"),
@@ -129,6 +133,25 @@ mod containers {
     const KAFKA_PORT: u16 = 19092;
     const REGISTRY_PORT: u16 = 18081;
     const CONNECT_PORT: u16 = 18083;
+    const SERVICE_PASSWORD: &str = "chatpipe-service-test-secret";
+    const CDC_PASSWORD: &str = "chatpipe-cdc-test-secret";
+
+    /// The least-privilege logins, as scripts/stack makes them.
+    async fn make_roles() -> anyhow::Result<()> {
+        use sqlx::Connection;
+        let url = format!("postgres://postgres:postgres@127.0.0.1:{PG_PORT}/postgres");
+        let mut admin = sqlx::PgConnection::connect(&url).await?;
+        sqlx::raw_sql(include_str!("../../config/postgres/roles.sql"))
+            .execute(&mut admin)
+            .await?;
+        sqlx::raw_sql(&format!(
+            "ALTER ROLE chatpipe_service PASSWORD '{SERVICE_PASSWORD}';
+             ALTER ROLE chatpipe_cdc PASSWORD '{CDC_PASSWORD}';"
+        ))
+        .execute(&mut admin)
+        .await?;
+        Ok(())
+    }
 
     pub struct Containers;
 
@@ -172,6 +195,8 @@ mod containers {
             .with_reuse(ReuseDirective::Always)
             .start()
             .await?;
+
+        make_roles().await?;
 
         let kafka = GenericImage::new("apache/kafka", "4.3.1")
             .with_wait_for(WaitFor::message_on_stdout("Kafka Server started"))
@@ -245,8 +270,10 @@ mod containers {
             // The connector file reads these (config/stack/chatpipe-outbox-connector.json).
             .with_env_var("CHATPIPE_PG_HOST", "chatpipe-test-postgres")
             .with_env_var("CHATPIPE_PG_PORT", "5432")
-            .with_env_var("CHATPIPE_PG_USER", "postgres")
-            .with_env_var("CHATPIPE_PG_PASSWORD", "postgres")
+            .with_env_var("CHATPIPE_CDC_USER", "chatpipe_cdc")
+            .with_env_var("CHATPIPE_CDC_PASSWORD", CDC_PASSWORD)
+            .with_env_var("CHATPIPE_PG_SSLMODE", "disable")
+            .with_env_var("CHATPIPE_PG_SSLROOTCERT", "")
             .with_env_var("CHATPIPE_PG_DB", "postgres")
             .with_network(NETWORK)
             .with_container_name("chatpipe-test-connect")
@@ -260,6 +287,9 @@ mod containers {
         std::mem::forget((postgres, kafka, registry, connect));
         Ok(Endpoints {
             database_url: format!("postgres://postgres:postgres@127.0.0.1:{PG_PORT}/postgres"),
+            service_database_url: format!(
+                "postgres://chatpipe_service:{SERVICE_PASSWORD}@127.0.0.1:{PG_PORT}/postgres"
+            ),
             brokers: format!("127.0.0.1:{KAFKA_PORT}"),
             registry_url: format!("http://127.0.0.1:{REGISTRY_PORT}/apis/ccompat/v7"),
             connect_url: format!("http://127.0.0.1:{CONNECT_PORT}"),

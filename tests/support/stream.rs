@@ -235,7 +235,7 @@ impl Pipeline {
         s.kafka.brokers = brokers();
         s.registry.url = registry_url();
         s.registry.events_subject = self.events_subject.clone();
-        s.database.url = self.database_url.clone();
+        s.database.url = crate::as_service(&self.database_url).into();
         s.receipts.topic = self.receipts_topic.clone();
         s.receipts.group = format!("{}-receipts", self.ns);
         s.receipts.acks_topic = self.acks_topic.clone();
@@ -459,15 +459,11 @@ fn connector_config(db: &str, slot: &str, ns: &str, topic: &str) -> Value {
         "database.port",
         url.port().unwrap_or(5432).to_string(),
     );
-    set(&mut config, "database.user", url.username().to_owned());
-    set(
-        &mut config,
-        "database.password",
-        url.password().unwrap_or_default().to_owned(),
-    );
+    // The login (chatpipe_cdc over TLS) and the publication (each test database has the
+    // migrations' own) stay the file's: the worker resolves the login from its
+    // environment, as it does for the stack's connector.
     set(&mut config, "database.dbname", db.to_owned());
     set(&mut config, "slot.name", slot.to_owned());
-    set(&mut config, "publication.name", format!("{ns}_pub"));
     set(&mut config, "topic.prefix", ns.to_owned());
     set(
         &mut config,

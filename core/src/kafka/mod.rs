@@ -75,20 +75,51 @@ pub fn producer_config(brokers: &str) -> ClientConfig {
 /// TLS and SASL (`security.protocol`, `ssl.ca.location`, `sasl.mechanisms`,
 /// `sasl.username`, `sasl.password`), or any other tuning. They are set last, so they win
 /// over ours; librdkafka refuses an unknown one when the client is created.
-pub fn apply(
-    mut config: ClientConfig,
-    properties: &std::collections::BTreeMap<String, String>,
-) -> ClientConfig {
-    for (key, value) in properties {
+pub fn apply(mut config: ClientConfig, properties: &Properties) -> ClientConfig {
+    for (key, value) in properties.iter() {
         config.set(key, value);
     }
     config
 }
 
+/// An operator's librdkafka properties (`[kafka.properties]`). Printed with their
+/// credentials masked ([`crate::redact::properties`]): a `Debug` of the settings, in a
+/// log line or an error, never shows `sasl.password`.
+#[derive(Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(transparent)]
+pub struct Properties(std::collections::BTreeMap<String, String>);
+
+impl std::ops::Deref for Properties {
+    type Target = std::collections::BTreeMap<String, String>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl From<std::collections::BTreeMap<String, String>> for Properties {
+    fn from(map: std::collections::BTreeMap<String, String>) -> Self {
+        Self(map)
+    }
+}
+
+impl FromIterator<(String, String)> for Properties {
+    fn from_iter<I: IntoIterator<Item = (String, String)>>(iter: I) -> Self {
+        Self(iter.into_iter().collect())
+    }
+}
+
+impl std::fmt::Debug for Properties {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map()
+            .entries(crate::redact::properties(&self.0))
+            .finish()
+    }
+}
+
 /// The properties of `config` that say how to reach the cluster (`security.protocol`,
 /// `ssl.*`, `sasl.*`): a client made for the same cluster from another start (the
 /// dead-letter producer of a reader) copies them.
-pub fn transport_of(config: &ClientConfig) -> std::collections::BTreeMap<String, String> {
+pub fn transport_of(config: &ClientConfig) -> Properties {
     config
         .config_map()
         .iter()
@@ -115,4 +146,22 @@ pub fn consumer_config(brokers: &str, group: &str) -> ClientConfig {
         .set("auto.offset.reset", "earliest")
         .set("isolation.level", "read_committed");
     config
+}
+
+#[cfg(test)]
+mod properties_tests {
+    use super::Properties;
+
+    #[test]
+    fn debug_masks_the_sasl_password() {
+        let props: Properties = [
+            ("sasl.username".to_owned(), "svc".to_owned()),
+            ("sasl.password".to_owned(), "hunter2-hunter2".to_owned()),
+        ]
+        .into_iter()
+        .collect();
+        let shown = format!("{props:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("svc"), "{shown}");
+    }
 }

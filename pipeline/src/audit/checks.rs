@@ -146,18 +146,19 @@ pub struct Checker {
 }
 
 impl Checker {
-    pub fn new(settings: &Settings, audit: Audit, health: Arc<ReaderHealth>) -> Self {
+    pub fn new(
+        settings: &Settings,
+        audit: Audit,
+        health: Arc<ReaderHealth>,
+    ) -> anyhow::Result<Self> {
         // Lazy: PostgreSQL being down at start is a finding (postgres_unreachable).
-        let pool = settings
-            .database
-            .connect_lazy()
-            .expect("database.url is a PostgreSQL URL");
+        let pool = settings.database.connect_lazy()?;
         let kafka = settings
             .kafka
             .client()
             .create_guarded()
             .expect("a Kafka client (kafka.brokers)");
-        Self {
+        Ok(Self {
             cfg: settings.audit.clone(),
             audit,
             health,
@@ -177,7 +178,7 @@ impl Checker {
                 Duration::from_millis(settings.audit.connector_restart_max_backoff_ms),
             ),
             task_moves: TaskMoves::default(),
-        }
+        })
     }
 
     /// Checks every `audit.check_interval_ms` until `stop` is set.
@@ -584,7 +585,10 @@ impl Checker {
                     format!("{status} {}", body.chars().take(300).collect::<String>()),
                 )
             }
-            Err(e) => ("unreachable", e.to_string()),
+            Err(e) => (
+                "unreachable",
+                redact_all(&e.to_string(), &self.cfg.connect_url),
+            ),
         }
     }
 
@@ -594,9 +598,10 @@ impl Checker {
             let answer = match self.http.get(url).send().await {
                 Ok(r) if r.status().is_success() => Ok(r.status().to_string()),
                 Ok(r) => Err(r.status().to_string()),
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(chatpipe_core::redact::text(&e.to_string(), url)),
             };
-            (url.clone(), answer)
+            // A probe URL with credentials is shown (labels, the report) without them.
+            (chatpipe_core::redact::url(url), answer)
         });
         futures::future::join_all(asks).await
     }
@@ -683,6 +688,13 @@ fn first_and_root_cause(trace: &str) -> Option<String> {
     Some(match root {
         Some(root) => format!("{first}; caused by: {}", short(root)),
         None => first,
+    })
+}
+
+/// `text` with the password of every URL in the comma-separated `urls` masked.
+fn redact_all(text: &str, urls: &str) -> String {
+    urls.split(',').fold(text.to_owned(), |t, url| {
+        chatpipe_core::redact::text(&t, url.trim())
     })
 }
 

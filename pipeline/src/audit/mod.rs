@@ -233,7 +233,7 @@ pub fn spawn(
     supervisor: &mut Supervisor,
     readiness: &Readiness,
     audit: Audit,
-) {
+) -> anyhow::Result<()> {
     let health = readiness.reader("audit-events", "audit", settings.readers.stall_after());
     {
         let (settings, audit, health) = (settings.clone(), audit.clone(), health.clone());
@@ -241,9 +241,10 @@ pub fn spawn(
             run_events(&settings, &stop, health, audit)
         });
     }
-    let checker = checks::Checker::new(settings, audit, health);
+    let checker = checks::Checker::new(settings, audit, health)?;
     let stop = supervisor.stop_flag();
     supervisor.spawn_async("audit-checks", checker.run(stop));
+    Ok(())
 }
 
 fn run_events(

@@ -37,6 +37,11 @@ pub struct Fanout {
     pub changelog: Changelog,
     /// Partitions whose changelog has been read since they were assigned.
     pub restored: HashSet<i32>,
+    /// Conversations whose changelog entry changed since the last write, and their
+    /// partition: written once per tick, whatever the changes (a group of 1,000 made in
+    /// one call is one entry, not 1,000 growing ones). Written before any offset
+    /// snapshot, so no offset is committed ahead of its entry.
+    pub dirty: HashMap<ConversationId, i32>,
     pub coalescer: Coalescer,
     /// Number of the next list produced.
     pub sent: u64,
@@ -65,9 +70,7 @@ impl Processor for Fanout {
     fn skip(&mut self, at: Position, key: Option<&[u8]>) {
         if let Some(conversation) = key_conversation(key) {
             self.members.forget(conversation);
-            if let Err(err) = self.write_changelog(at.partition, conversation) {
-                tracing::warn!("tombstoning the changelog entry of {conversation}: {err}");
-            }
+            self.mark_dirty(at.partition, conversation);
         }
         self.offsets.read(at.partition, at.offset);
     }
@@ -77,6 +80,7 @@ impl Processor for Fanout {
             return Ok(());
         }
         self.next_tick = Instant::now() + Duration::from_millis(self.cfg.tick_ms);
+        self.write_dirty()?;
         let now = now_ms();
         let routed = {
             let online = self.status.online.lock().expect("presence lock");
@@ -115,6 +119,20 @@ impl Processor for Fanout {
     /// what was pushed instead of pushing it again. If the broker does not acknowledge
     /// within the flush wait, those records are read (and pushed) again.
     fn revoke(&mut self, partitions: &[i32]) {
+        if let Err(err) = self.write_dirty() {
+            // Their entries are not written: release no offset, so the next owner
+            // reads those events again (from the last commit) and writes them.
+            tracing::warn!(
+                ?partitions,
+                "changelog entries not written ({err:?}): offsets kept back"
+            );
+            self.members.drop_partitions(partitions);
+            for p in partitions {
+                self.restored.remove(p);
+            }
+            self.offsets.forget(partitions);
+            return;
+        }
         if let Err(err) = self.acknowledge_produced() {
             tracing::warn!(
                 ?partitions,
@@ -135,6 +153,7 @@ impl Processor for Fanout {
 
     /// What was fanned out is acknowledged before the final commit.
     fn finish(&mut self) -> Result<(), Failure> {
+        self.write_dirty()?;
         self.acknowledge_produced().map_err(Failure::Retriable)
     }
 }
@@ -180,6 +199,26 @@ impl Fanout {
         Ok(())
     }
 
+    /// Remembers that `conversation`'s changelog entry must be written this tick.
+    fn mark_dirty(&mut self, partition: i32, conversation: ConversationId) {
+        if self.dirty.insert(conversation, partition).is_some() {
+            metrics::counter!("fanout_changelog_coalesced_total").increment(1);
+        }
+    }
+
+    /// Writes every entry changed since the last call, once each. On a failure the
+    /// entries not written stay marked.
+    fn write_dirty(&mut self) -> Result<(), Failure> {
+        let dirty: Vec<(ConversationId, i32)> = self.dirty.drain().collect();
+        for (i, &(conversation, partition)) in dirty.iter().enumerate() {
+            if let Err(err) = self.write_changelog(partition, conversation) {
+                self.dirty.extend(dirty[i..].iter().copied());
+                return Err(err);
+            }
+        }
+        Ok(())
+    }
+
     /// Writes the changelog entry of `conversation` as the store holds it now (a
     /// tombstone if it holds nothing), on `partition`; offsets wait for its ack.
     fn write_changelog(
@@ -214,9 +253,7 @@ impl Fanout {
             | ChatEvent::MemberLeft(_)
             | ChatEvent::MemberRoleChanged(_) => {
                 match self.members.apply(at.partition, at.offset, event) {
-                    Change::Wrote(c) | Change::Unknown(c) => {
-                        self.write_changelog(at.partition, c)?;
-                    }
+                    Change::Wrote(c) | Change::Unknown(c) => self.mark_dirty(at.partition, c),
                     Change::None => {}
                 }
                 return Ok(());

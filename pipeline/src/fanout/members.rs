@@ -1,8 +1,10 @@
 //! Who is in each conversation: fanout's membership store, Kafka-Streams style.
 //!
 //! Kept current from the membership events of chat.events (conversation.created,
-//! member.joined, member.left, member.role_changed: members and their roles) rather than a query per event, bounded to
-//! `fanout.max_cached_conversations` entries (least recently used first out), and
+//! member.joined, member.left, member.role_changed: members and their roles) rather than
+//! a query per event, bounded to `fanout.max_cached_conversations` entries and
+//! `fanout.max_cached_members` member ids in all (least recently used first out: a few
+//! huge groups cost what their members cost, not one slot each), and
 //! backed by a compacted changelog topic ([`super::changelog`]) that fanout writes as it
 //! applies changes and restores from when a partition is assigned. A conversation that
 //! is not in memory is loaded from PostgreSQL when it is next needed.
@@ -20,6 +22,9 @@ use lru::LruCache;
 #[derive(Debug)]
 pub struct Members {
     conversations: LruCache<ConversationId, Conversation>,
+    /// Member ids held, over every entry, and their bound.
+    ids: usize,
+    max_ids: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,11 +51,39 @@ pub enum Change {
 }
 
 impl Members {
-    pub fn new(max_conversations: usize) -> Self {
+    pub fn new(max_conversations: usize, max_member_ids: usize) -> Self {
         Self {
             conversations: LruCache::new(
                 NonZeroUsize::new(max_conversations).unwrap_or(NonZeroUsize::MIN),
             ),
+            ids: 0,
+            max_ids: max_member_ids,
+        }
+    }
+
+    /// Member ids held in memory, over every conversation.
+    pub fn member_ids(&self) -> usize {
+        self.ids
+    }
+
+    /// Evicts the least recently used entries until the member ids fit their bound; the
+    /// entry `keep` (the one just used) stays even when it alone is over.
+    fn fit(&mut self, keep: ConversationId) {
+        while self.ids > self.max_ids {
+            match self.conversations.peek_lru() {
+                Some((&lru, _)) if lru != keep => {
+                    self.remove(lru);
+                    metrics::counter!("fanout_cache_evictions_total").increment(1);
+                }
+                _ => break,
+            }
+        }
+        metrics::gauge!("fanout_cached_members").set(self.ids as f64);
+    }
+
+    fn remove(&mut self, conversation: ConversationId) {
+        if let Some(gone) = self.conversations.pop(&conversation) {
+            self.ids -= gone.members.len();
         }
     }
 
@@ -74,22 +107,17 @@ impl Members {
         self.conversations.promote(&conversation);
     }
 
-    /// Installs an entry (loaded from PostgreSQL or restored from the changelog).
-    /// Returns the conversation evicted to make room, if one was.
-    pub fn load(
-        &mut self,
-        conversation: ConversationId,
-        entry: Conversation,
-    ) -> Option<ConversationId> {
-        let evicted = self
-            .conversations
-            .push(conversation, entry)
-            .filter(|(c, _)| *c != conversation)
-            .map(|(c, _)| c);
-        if evicted.is_some() {
-            metrics::counter!("fanout_cache_evictions_total").increment(1);
+    /// Installs an entry (loaded from PostgreSQL or restored from the changelog),
+    /// evicting the least recently used ones past either bound.
+    pub fn load(&mut self, conversation: ConversationId, entry: Conversation) {
+        self.ids += entry.members.len();
+        if let Some((old, replaced)) = self.conversations.push(conversation, entry) {
+            self.ids -= replaced.members.len();
+            if old != conversation {
+                metrics::counter!("fanout_cache_evictions_total").increment(1);
+            }
         }
-        evicted
+        self.fit(conversation);
     }
 
     /// Applies the event read at `offset` of `partition`; other events change nothing.
@@ -130,14 +158,18 @@ impl Members {
         entry.offset = offset;
         match event {
             ChatEvent::MemberJoined(e) => {
-                entry.members.insert(e.user_id);
+                if entry.members.insert(e.user_id) {
+                    self.ids += 1;
+                }
                 entry.admins.remove(&e.user_id);
                 if e.role == Role::Admin {
                     entry.admins.insert(e.user_id);
                 }
             }
             ChatEvent::MemberLeft(e) => {
-                entry.members.remove(&e.user_id);
+                if entry.members.remove(&e.user_id) {
+                    self.ids -= 1;
+                }
                 entry.admins.remove(&e.user_id);
             }
             ChatEvent::MemberRoleChanged(e) => {
@@ -148,13 +180,14 @@ impl Members {
             }
             _ => {}
         }
+        self.fit(conversation);
         Change::Wrote(conversation)
     }
 
     /// Forgets one conversation: it is loaded from PostgreSQL when next needed (an event
     /// of it could not be read, so what this store holds may be wrong).
     pub fn forget(&mut self, conversation: ConversationId) {
-        self.conversations.pop(&conversation);
+        self.remove(conversation);
     }
 
     /// Forgets the conversations of partitions this member no longer owns.
@@ -166,7 +199,7 @@ impl Members {
             .map(|(id, _)| *id)
             .collect();
         for id in gone {
-            self.conversations.pop(&id);
+            self.remove(id);
         }
     }
 
@@ -244,7 +277,7 @@ mod tests {
 
     #[test]
     fn membership_follows_the_events_in_order_and_reports_each_change() {
-        let mut m = Members::new(10);
+        let mut m = Members::new(10, 1_000);
         let events = [
             created(7),
             joined(7, 1),
@@ -264,7 +297,7 @@ mod tests {
 
     #[test]
     fn roles_follow_joins_role_changes_and_leaving() {
-        let mut m = Members::new(10);
+        let mut m = Members::new(10, 1_000);
         let events = [
             created(7),
             joined_as(7, 1, Role::Admin),
@@ -312,7 +345,7 @@ mod tests {
 
     #[test]
     fn replayed_events_change_nothing() {
-        let mut m = Members::new(10);
+        let mut m = Members::new(10, 1_000);
         m.apply(0, 10, &created(7));
         m.apply(0, 11, &joined(7, 2));
         m.apply(0, 12, &left(7, 2));
@@ -323,7 +356,7 @@ mod tests {
 
     #[test]
     fn events_of_an_unknown_conversation_do_not_invent_one() {
-        let mut m = Members::new(10);
+        let mut m = Members::new(10, 1_000);
         assert_eq!(
             m.apply(0, 0, &joined(8, 1)),
             Change::Unknown(ConversationId::of(8))
@@ -347,7 +380,7 @@ mod tests {
 
     #[test]
     fn the_least_recently_used_conversation_goes_first() {
-        let mut m = Members::new(2);
+        let mut m = Members::new(2, 1_000);
         m.apply(0, 0, &created(1));
         m.apply(0, 1, &created(2));
         m.touch(ConversationId::of(1));
@@ -361,8 +394,52 @@ mod tests {
     }
 
     #[test]
+    fn member_ids_are_bounded_over_all_conversations_and_the_one_in_use_stays() {
+        // Room for 100 conversations, but only 5 member ids.
+        let mut m = Members::new(100, 5);
+        for (offset, e) in [
+            created(1),
+            joined(1, 1),
+            joined(1, 2),
+            created(2),
+            joined(2, 3),
+        ]
+        .iter()
+        .enumerate()
+        {
+            m.apply(0, offset as i64, e);
+        }
+        assert_eq!((m.len(), m.member_ids()), (2, 3));
+        // Conversation 3 with 4 members: 7 ids, so the least recently used (1) goes.
+        m.load(
+            ConversationId::of(3),
+            Conversation {
+                partition: 0,
+                members: (10..14).map(UserId::of).collect(),
+                admins: Default::default(),
+                offset: 0,
+            },
+        );
+        assert!(!m.knows(ConversationId::of(1)) && m.knows(ConversationId::of(2)));
+        assert_eq!(m.member_ids(), 5);
+        // A join past the bound evicts the others, never the conversation it joins.
+        m.apply(0, 10, &joined(3, 14));
+        assert!(m.knows(ConversationId::of(3)) && !m.knows(ConversationId::of(2)));
+        assert_eq!(m.member_ids(), 5);
+        m.apply(0, 11, &joined(3, 15));
+        assert_eq!(
+            (m.len(), m.member_ids()),
+            (1, 6),
+            "alone over the bound, it stays"
+        );
+        m.apply(0, 12, &left(3, 15));
+        m.forget(ConversationId::of(3));
+        assert_eq!((m.len(), m.member_ids()), (0, 0));
+    }
+
+    #[test]
     fn revoked_partitions_are_forgotten() {
-        let mut m = Members::new(10);
+        let mut m = Members::new(10, 1_000);
         m.apply(0, 0, &created(1));
         m.apply(3, 0, &created(2));
         m.drop_partitions(&[3]);

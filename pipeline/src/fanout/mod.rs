@@ -10,7 +10,8 @@
 //! lists and changelog writes of the records before them are acknowledged ([`commits`]);
 //! on assignment the membership of a partition's conversations is restored from the
 //! store's compacted changelog ([`changelog`]), and at most
-//! `fanout.max_cached_conversations` of them are kept in memory ([`members`]).
+//! `fanout.max_cached_conversations` of them, with `fanout.max_cached_members` member ids
+//! in all, are kept in memory ([`members`]).
 //!
 //! Pushes are a shortcut, never the only copy: clients catch up over REST. So the
 //! guarantees are at least once while the processor runs, and events older than
@@ -347,12 +348,13 @@ fn run_events(
         unacked,
         status,
         kafka: settings.kafka.clone(),
-        members: Members::new(cfg.max_cached_conversations),
+        members: Members::new(cfg.max_cached_conversations, cfg.max_cached_members),
         changelog: Changelog {
             topic: cfg.changelog_topic.clone(),
             codec: changelog_codec,
         },
         restored: HashSet::new(),
+        dirty: HashMap::new(),
         coalescer: Coalescer::default(),
         sent: 0,
         offsets: PendingOffsets::default(),

@@ -58,8 +58,10 @@ pub struct Env {
 
 impl Env {
     fn common(&self) -> Vec<(String, String)> {
+        // The services log in as chatpipe_service; the drill's own pool is the superuser's.
+        let service_url = crate::as_service(&self.database_url);
         [
-            ("DATABASE_URL", self.database_url.as_str()),
+            ("DATABASE_URL", service_url.as_str()),
             ("KAFKA_BROKERS", &self.brokers),
             ("SCHEMA_REGISTRY_URL", &self.registry_url),
             ("JWT_SECRET", &self.jwt_secret),
