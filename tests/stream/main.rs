@@ -1,6 +1,7 @@
 //! The outbox through Debezium to chat.events, against the real stack
 //! (`scripts/stack up`): PostgreSQL, Kafka, Kafka Connect with Debezium, the registry.
 
+mod acls;
 mod audit;
 mod cdc;
 mod membership_race;

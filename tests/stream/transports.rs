@@ -3,7 +3,6 @@
 //! listener with the properties an operator sets in `[kafka.properties]`.
 
 use chatpipe_core::kafka::CreateGuarded;
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use chatpipe_core::config::KafkaSettings;
@@ -69,20 +68,7 @@ async fn ingest_api_talks_to_postgres_over_tls_with_the_certificate_verified() {
 }
 
 fn sasl_settings(password: &str) -> KafkaSettings {
-    let properties: BTreeMap<String, String> = [
-        ("security.protocol", "SASL_SSL".to_owned()),
-        ("sasl.mechanisms", "PLAIN".to_owned()),
-        ("sasl.username", stack_var("KAFKA_SASL_USER")),
-        ("sasl.password", password.to_owned()),
-        ("ssl.ca.location", stack_var("STACK_TLS_CA")),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v))
-    .collect();
-    KafkaSettings {
-        brokers: stack_var("KAFKA_SASL_BROKERS"),
-        properties: properties.into(),
-    }
+    chatpipe_tests::stream::sasl(&stack_var("KAFKA_SASL_USER"), password)
 }
 
 #[tokio::test]

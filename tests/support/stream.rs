@@ -832,3 +832,41 @@ pub async fn wait_until_consumed(group: &str, topic: &str, deadline: Duration) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// The broker's SASL_SSL listener (`KAFKA_SASL_BROKERS` of `scripts/stack env`) as
+/// `user` with `password`, the server's certificate checked against the stack's CA.
+pub fn sasl(user: &str, password: &str) -> chatpipe_core::config::KafkaSettings {
+    let var = |name: &str| {
+        std::env::var(name).unwrap_or_else(|_| {
+            panic!("{name} is not set: start the stack (`scripts/stack up`) and `eval \"$(scripts/stack env)\"`, as scripts/test does")
+        })
+    };
+    let properties: chatpipe_core::kafka::Properties = [
+        ("security.protocol", "SASL_SSL".to_owned()),
+        ("sasl.mechanisms", "PLAIN".to_owned()),
+        ("sasl.username", user.to_owned()),
+        ("sasl.password", password.to_owned()),
+        ("ssl.ca.location", var("STACK_TLS_CA")),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    chatpipe_core::config::KafkaSettings {
+        brokers: var("KAFKA_SASL_BROKERS"),
+        properties,
+    }
+}
+
+/// A service's principal on the SASL_SSL listener (config/stack/kafka-acls):
+/// `chatpipe_ingest`, `chatpipe_pipeline` or `chatpipe_gateway`, with its password from
+/// `KAFKA_INGEST_PASSWORD`, … of `scripts/stack env`.
+pub fn principal(user: &str) -> chatpipe_core::config::KafkaSettings {
+    let var = format!(
+        "KAFKA_{}_PASSWORD",
+        user.trim_start_matches("chatpipe_").to_uppercase()
+    );
+    let password = std::env::var(&var).unwrap_or_else(|_| {
+        panic!("{var} is not set: `eval \"$(scripts/stack env)\"`, as scripts/test does")
+    });
+    sasl(user, &password)
+}
