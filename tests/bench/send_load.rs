@@ -4,6 +4,12 @@
 //!
 //!   eval "$(scripts/stack env)"; send-load --base http://127.0.0.1:8080 --secret-file .stack/jwt-secret
 //!
+//! Each sender is one user in a closed loop: on a fast machine one user sends more than
+//! the per-user limit (`rate_limits.sends`, 200/s), and the 429s are counted as errors
+//! by cause. To measure the send path rather than the limiter's refusals, start the API
+//! with the limit raised (`CHATPIPE_RATE_LIMITS__SENDS__RATE=100000`,
+//! `CHATPIPE_RATE_LIMITS__SENDS__BURST=100000`): the limiter still runs on every send.
+//!
 //! Each run ends with the baseline the issue's goals are stated against: the design's
 //! send SQL run raw by pgbench on the same server (see `pgbench`), and the API's
 //! throughput as ratios of it: spread/seed, spread/one statement, hot/seed hot.
@@ -15,7 +21,6 @@
 //! (see `pgstats`), read from `--database` (the stack's `chatpipe`, which the API writes).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -73,7 +78,8 @@ struct Args {
 struct Phase {
     name: &'static str,
     sends: u64,
-    errors: u64,
+    /// Failed sends by their cause: the HTTP status ("429", "503") or "transport".
+    errors: BTreeMap<String, u64>,
     elapsed: Duration,
     latency_us: Histogram<u64>,
     db: Delta,
@@ -82,6 +88,23 @@ struct Phase {
 }
 
 impl Phase {
+    fn error_count(&self) -> u64 {
+        self.errors.values().sum()
+    }
+
+    /// "0 errors", or "12 errors (429: 12)".
+    fn describe_errors(&self) -> String {
+        if self.errors.is_empty() {
+            return "0 errors".into();
+        }
+        let causes: Vec<String> = self
+            .errors
+            .iter()
+            .map(|(k, n)| format!("{k}: {n}"))
+            .collect();
+        format!("{} errors ({})", self.error_count(), causes.join(", "))
+    }
+
     fn per_second(&self) -> f64 {
         self.sends as f64 / self.elapsed.as_secs_f64()
     }
@@ -89,7 +112,7 @@ impl Phase {
     fn json(&self, requested: Option<f64>) -> serde_json::Value {
         let q = |p: f64| self.latency_us.value_at_quantile(p) as f64 / 1000.0;
         json!({
-            "phase": self.name, "sends": self.sends, "errors": self.errors,
+            "phase": self.name, "sends": self.sends, "errors": self.error_count(), "errors_by_cause": self.errors,
             "seconds": self.elapsed.as_secs_f64(), "sends_per_second": self.per_second(),
             "requested_sends_per_second": requested,
             "latency_ms": {"p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": self.latency_us.max() as f64 / 1000.0},
@@ -156,7 +179,7 @@ async fn main() -> anyhow::Result<()> {
             let phase = run_phase(name, &args, &http, &tokens, convs, &mut stats).await?;
             let q = |x: f64| phase.latency_us.value_at_quantile(x) as f64 / 1000.0;
             println!(
-                "run {} {:<7} {:>8.0} sends/s ({requested})  p50 {:>6.2} ms  p99 {:>6.2} ms  ({} sends, {} errors, {} senders); \
+                "run {} {:<7} {:>8.0} sends/s ({requested})  p50 {:>6.2} ms  p99 {:>6.2} ms  ({} sends, {}, {} senders); \
                  PostgreSQL: {} messages inserted, {} transactions, {} statements{}",
                 r + 1,
                 phase.name,
@@ -164,7 +187,7 @@ async fn main() -> anyhow::Result<()> {
                 q(0.5),
                 q(0.99),
                 phase.sends,
-                phase.errors,
+                phase.describe_errors(),
                 args.concurrency,
                 phase.db.table("message").inserted,
                 phase.db.commits,
@@ -301,7 +324,6 @@ async fn run_phase(
 ) -> anyhow::Result<Phase> {
     let before = args.pg.settled(stats).await?;
     let conversations = Arc::new(conversations);
-    let errors = Arc::new(AtomicU64::new(0));
     let cpu_before = CpuSample::now();
     let started = Instant::now();
     let deadline = started + Duration::from_secs(args.seconds);
@@ -315,10 +337,11 @@ async fn run_phase(
     let step = tokens.len();
     for (w, token) in tokens.iter().enumerate() {
         let (http, token, base) = (http.clone(), token.clone(), args.base.clone());
-        let (conversations, errors) = (conversations.clone(), errors.clone());
+        let conversations = conversations.clone();
         workers.push(tokio::spawn(async move {
             let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
             let mut seqs: HashMap<i64, Vec<i64>> = HashMap::new();
+            let mut errors: BTreeMap<String, u64> = BTreeMap::new();
             let mut pace = period.map(|p| {
                 let mut t = tokio::time::interval(p);
                 t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -343,27 +366,31 @@ async fn run_phase(
                         .json::<serde_json::Value>()
                         .await
                         .ok()
-                        .and_then(|v| v["seq"].as_i64()),
-                    _ => None,
+                        .and_then(|v| v["seq"].as_i64())
+                        .ok_or_else(|| "201 without a seq".to_owned()),
+                    Ok(r) => Err(r.status().as_u16().to_string()),
+                    Err(_) => Err("transport".to_owned()),
                 };
                 match seq {
-                    Some(seq) => {
+                    Ok(seq) => {
                         hist.record(t.elapsed().as_micros() as u64).ok();
                         seqs.entry(conv).or_default().push(seq);
                     }
-                    None => {
-                        errors.fetch_add(1, Ordering::Relaxed);
-                    }
+                    Err(cause) => *errors.entry(cause).or_default() += 1,
                 }
             }
-            (hist, seqs)
+            (hist, seqs, errors)
         }));
     }
     let mut latency_us = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
     let mut returned: HashMap<i64, Vec<i64>> = HashMap::new();
+    let mut errors: BTreeMap<String, u64> = BTreeMap::new();
     for w in workers {
-        let (h, s) = w.await?;
+        let (h, s, e) = w.await?;
         latency_us.add(h)?;
+        for (cause, n) in e {
+            *errors.entry(cause).or_default() += n;
+        }
         for (conv, seqs) in s {
             returned.entry(conv).or_default().extend(seqs);
         }
@@ -376,7 +403,7 @@ async fn run_phase(
     let phase = Phase {
         name,
         sends,
-        errors: errors.load(Ordering::Relaxed),
+        errors,
         elapsed,
         latency_us,
         db: after.since(&before),

@@ -161,6 +161,9 @@ pub async fn run(cfg: Config) -> Vec<Row> {
         slot: std::env::var("CHATPIPE_OUTBOX_SLOT").unwrap_or_else(|_| "chatpipe_outbox".into()),
         jwt_secret: secret.clone(),
         logs: cfg.out.join("logs"),
+        kafka_configs: std::env::var_os("KAFKA_CLIENT_CONFIGS")
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from),
     };
     let cluster = Cluster {
         brokers: env.brokers.clone(),

@@ -54,22 +54,41 @@ pub struct Env {
     pub slot: String,
     pub jwt_secret: String,
     pub logs: PathBuf,
+    /// `scripts/stack`'s per-principal client configs (`KAFKA_CLIENT_CONFIGS`: the
+    /// SASL_SSL listener, each service as its own principal). None on the clusters, which
+    /// have no SASL listener: the services then use `brokers`.
+    pub kafka_configs: Option<PathBuf>,
 }
 
 impl Env {
     fn common(&self) -> Vec<(String, String)> {
         // The services log in as chatpipe_service; the drill's own pool is the superuser's.
         let service_url = crate::as_service(&self.database_url);
-        [
+        let mut env: Vec<(String, String)> = [
             ("DATABASE_URL", service_url.as_str()),
-            ("KAFKA_BROKERS", &self.brokers),
             ("SCHEMA_REGISTRY_URL", &self.registry_url),
             ("JWT_SECRET", &self.jwt_secret),
             ("RUST_LOG", "warn"),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect()
+        .collect();
+        // With a principal's config its file names the brokers (the SASL listener).
+        if self.kafka_configs.is_none() {
+            env.push(("KAFKA_BROKERS".into(), self.brokers.clone()));
+        }
+        env
+    }
+
+    /// `--config <principal>.toml` where the services log in to Kafka as principals.
+    fn login(&self, principal: &str) -> Vec<String> {
+        match &self.kafka_configs {
+            Some(dir) => vec![
+                "--config".into(),
+                dir.join(format!("{principal}.toml")).display().to_string(),
+            ],
+            None => vec![],
+        }
     }
 }
 
@@ -111,7 +130,7 @@ pub fn specs(bins: &Bins, env: &Env) -> Vec<Spec> {
         specs.push(Spec {
             name: (*name).into(),
             bin: bins.ingest_api.clone(),
-            args: vec![],
+            args: env.login("ingest"),
             env: e,
             health_url: format!("{base}/readyz"),
             ready_url: format!("{base}/readyz"),
@@ -126,7 +145,7 @@ pub fn specs(bins: &Bins, env: &Env) -> Vec<Spec> {
             specs.push(Spec {
                 name: (*name).into(),
                 bin: bins.pipeline.clone(),
-                args: vec![kind.into()],
+                args: [env.login("pipeline"), vec![kind.into()]].concat(),
                 env: e,
                 health_url: format!("http://{addr}/healthz"),
                 ready_url: format!("http://{addr}/readyz"),
@@ -147,7 +166,7 @@ pub fn specs(bins: &Bins, env: &Env) -> Vec<Spec> {
         specs.push(Spec {
             name: (*name).into(),
             bin: bins.gateway.clone(),
-            args: vec![],
+            args: env.login("gateway"),
             env: e,
             health_url: format!("http://{addr}/healthz"),
             ready_url: format!("http://{addr}/readyz"),
@@ -176,7 +195,7 @@ pub fn specs(bins: &Bins, env: &Env) -> Vec<Spec> {
     specs.push(Spec {
         name: AUDIT.into(),
         bin: bins.pipeline.clone(),
-        args: vec!["audit".into()],
+        args: [env.login("pipeline"), vec!["audit".into()]].concat(),
         env: e,
         health_url: format!("{}/healthz", audit_url()),
         ready_url: format!("{}/readyz", audit_url()),
@@ -226,6 +245,9 @@ impl Services {
             .expect("a log file");
         let child = Command::new(&spec.bin)
             .args(&spec.args)
+            // Only the brokers the drill names (its env, or the principal's --config
+            // file), never the ones this process inherited.
+            .env_remove("KAFKA_BROKERS")
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::from(log.try_clone().unwrap()))
             .stderr(Stdio::from(log))
