@@ -49,7 +49,7 @@ pub const METRICS: &[Entry] = &[
     ("send_queue_waiting", Gauge, "Sends waiting for a conversation's writer."),
     ("send_queue_rejections_total", Counter, "Sends refused 503 because sends.max_queued were waiting on the conversation."),
     ("send_writers_busy", Gauge, "Conversation writers running a batch now."),
-    ("sync_requests_total", Counter, "GET /sync answers, by kind (initial: no cursor; delta: with one; continuation: the rest of a sync that did not fit one answer)."),
+    ("sync_requests_total", Counter, "GET /sync answers, by kind (initial: no cursor; delta: with one; continuation: the rest of a sync that did not fit one answer; stale: a cursor of another history of the database, refused 409)."),
     ("sync_answers_cut_total", Counter, "GET /sync answers that stopped at a bound and hand out a continuation, by bound (conversations: sync.max_conversations; bytes: sync.max_bytes)."),
     ("member_checks_total", Counter, "Membership checks before a member-only write, by result (cached: a member remembered; member: asked of PostgreSQL; refused: not a member, 404 before any queue or lock)."),
     ("member_cache_entries", Gauge, "(conversation, member) pairs remembered by the membership gate (membership.cache_max_entries)."),

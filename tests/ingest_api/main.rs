@@ -23,5 +23,6 @@ mod reads;
 mod schema_contract;
 mod send;
 mod sync;
+mod sync_origin;
 mod sync_pages;
 mod watchdog;

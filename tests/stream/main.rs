@@ -6,4 +6,5 @@ mod audit;
 mod cdc;
 mod membership_race;
 mod receipts;
+mod slots;
 mod transports;

@@ -3,9 +3,21 @@
 //! this API did not hand to this user is refused, and so is one changed on the way.
 //!
 //! Two kinds travel the same way, `<payload>.<signature>`, both base64url:
-//! - a finished sync's **snapshot** (`pg_current_snapshot()` as PostgreSQL prints it);
+//! - a finished sync's **snapshot** (`pg_current_snapshot()` as PostgreSQL prints it),
+//!   after its origin: `<origin>@<snapshot>`;
 //! - a **continuation**, for a sync that did not fit one answer: where it started, the
-//!   snapshot of its first answer, and the conversations still to come (JSON).
+//!   snapshot of its first answer, and the conversations still to come (JSON, with the
+//!   origin in `origin`).
+//!
+//! **The origin** says which history of the database the snapshot is of:
+//! `<system identifier>/<timeline>` (`pg_control_system()`, and the timeline of the WAL
+//! being written). A snapshot's transaction ids mean something only on the server
+//! history that handed it out: after a failover to a standby that was behind, or a
+//! restore, the same ids name other transactions, and a delta read with the old snapshot
+//! would skip changes silently. A promoted standby and a restore start a new timeline,
+//! another cluster has another identifier: the cursor is then stale (409, and the client
+//! syncs from the start). A cursor handed out before cursors carried an origin is stale
+//! too: nothing says which history it is of.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
@@ -18,6 +30,23 @@ use sqlx::PgPool;
 /// Signs and checks sync cursors.
 #[derive(Clone)]
 pub struct CursorKey(Hmac<Sha256>);
+
+/// A checked cursor and the origin it was handed out on (`None`: made before cursors
+/// carried one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Opened {
+    pub origin: Option<String>,
+    pub cursor: Cursor,
+}
+
+/// What a continuation travels as: the continuation and its origin.
+#[derive(Serialize, Deserialize)]
+struct Wire {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    origin: Option<String>,
+    #[serde(flatten)]
+    rest: Continuation,
+}
 
 /// A checked cursor.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,34 +97,51 @@ impl CursorKey {
         mac
     }
 
-    /// `<payload>.<signature>`, both base64url.
-    pub fn seal(&self, user: UserId, cursor: &Cursor) -> String {
+    /// `<payload>.<signature>`, both base64url, for a cursor handed out on `origin`.
+    pub fn seal(&self, user: UserId, origin: &str, cursor: &Cursor) -> String {
         let payload = match cursor {
-            Cursor::Snapshot(snapshot) => snapshot.clone(),
-            Cursor::Continue(rest) => {
-                serde_json::to_string(rest).expect("a continuation serializes")
-            }
+            Cursor::Snapshot(snapshot) => format!("{origin}@{snapshot}"),
+            Cursor::Continue(rest) => serde_json::to_string(&Wire {
+                origin: Some(origin.to_owned()),
+                rest: rest.clone(),
+            })
+            .expect("a continuation serializes"),
         };
-        let signature = self.mac(user, &payload).finalize().into_bytes();
+        self.sign(user, &payload)
+    }
+
+    fn sign(&self, user: UserId, payload: &str) -> String {
+        let signature = self.mac(user, payload).finalize().into_bytes();
         format!(
             "{}.{}",
-            URL_SAFE_NO_PAD.encode(&payload),
+            URL_SAFE_NO_PAD.encode(payload),
             URL_SAFE_NO_PAD.encode(signature)
         )
     }
 
     /// The cursor in `raw`, if this key sealed it for `user`.
-    pub fn open(&self, user: UserId, raw: &str) -> Option<Cursor> {
+    pub fn open(&self, user: UserId, raw: &str) -> Option<Opened> {
         let (payload, signature) = raw.split_once('.')?;
         let payload = String::from_utf8(URL_SAFE_NO_PAD.decode(payload).ok()?).ok()?;
         let signature = URL_SAFE_NO_PAD.decode(signature).ok()?;
         self.mac(user, &payload).verify_slice(&signature).ok()?;
-        // A snapshot starts with a digit (`xmin:xmax:xip,...`), a continuation with `{`.
+        // A continuation is JSON; a snapshot is `<origin>@xmin:xmax:xip,...`, or without
+        // the origin from before cursors carried one.
         if payload.starts_with('{') {
-            serde_json::from_str(&payload).ok().map(Cursor::Continue)
-        } else {
-            Some(Cursor::Snapshot(payload))
+            let wire: Wire = serde_json::from_str(&payload).ok()?;
+            return Some(Opened {
+                origin: wire.origin,
+                cursor: Cursor::Continue(wire.rest),
+            });
         }
+        let (origin, snapshot) = match payload.split_once('@') {
+            Some((origin, snapshot)) => (Some(origin.to_owned()), snapshot),
+            None => (None, payload.as_str()),
+        };
+        Some(Opened {
+            origin,
+            cursor: Cursor::Snapshot(snapshot.to_owned()),
+        })
     }
 }
 
@@ -115,8 +161,12 @@ mod tests {
             before: 42,
         });
         for cursor in [snapshot, rest] {
-            let sealed = key.seal(alice, &cursor);
-            assert_eq!(key.open(alice, &sealed), Some(cursor.clone()));
+            let sealed = key.seal(alice, "7715132553894759253/2", &cursor);
+            let opened = Opened {
+                origin: Some("7715132553894759253/2".into()),
+                cursor: cursor.clone(),
+            };
+            assert_eq!(key.open(alice, &sealed), Some(opened));
             assert_eq!(key.open(bob, &sealed), None, "another user's cursor");
             let other = CursorKey::new(b"another key, another deployment!");
             assert_eq!(other.open(alice, &sealed), None, "another key");
@@ -126,6 +176,34 @@ mod tests {
         }
         for garbage in ["", ".", "abc", "abc.def", "!!.!!"] {
             assert_eq!(key.open(alice, garbage), None, "{garbage:?}");
+        }
+    }
+
+    #[test]
+    fn a_cursor_from_before_origins_opens_without_one() {
+        let key = CursorKey::new(b"0123456789abcdef0123456789abcdef");
+        let alice = UserId::new(10).unwrap();
+        let rest = r#"{"since":null,"upto":"780:790:","part":"members","before":42}"#;
+        for (payload, cursor) in [
+            ("780:790:781", Cursor::Snapshot("780:790:781".into())),
+            (
+                rest,
+                Cursor::Continue(Continuation {
+                    since: None,
+                    upto: "780:790:".into(),
+                    part: Part::Members,
+                    before: 42,
+                }),
+            ),
+        ] {
+            let opened = key.open(alice, &key.sign(alice, payload));
+            assert_eq!(
+                opened,
+                Some(Opened {
+                    origin: None,
+                    cursor
+                })
+            );
         }
     }
 }

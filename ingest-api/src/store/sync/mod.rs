@@ -32,7 +32,13 @@ use sqlx::{Postgres, Transaction};
 use super::inbox::{state_columns, ConversationState, STATE_FROM, UNREAD};
 use super::messages::{HistoryMessage, MESSAGE_COLUMNS};
 use super::{Store, StoreError};
-pub use cursor::{Continuation, Cursor, CursorKey, Part};
+pub use cursor::{Continuation, Cursor, CursorKey, Opened, Part};
+
+/// This server history's origin (see [`cursor`]): `<system identifier>/<timeline>`, the
+/// timeline read from the WAL file being written, so a promoted standby says its new
+/// timeline at once (the checkpoint's would lag until its first checkpoint).
+const ORIGIN: &str = "(SELECT system_identifier FROM pg_control_system())::text || '/' || \
+     (('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int)::text";
 
 /// How much one sync answer holds (`[sync]` in `config/ingest-api.toml`).
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -131,7 +137,7 @@ pub async fn sync(
     db: &Store,
     key: &CursorKey,
     user: UserId,
-    from: Option<&Cursor>,
+    from: Option<&Opened>,
     limit: i64,
     bounds: SyncBounds,
 ) -> Result<SyncPage, StoreError> {
@@ -140,9 +146,21 @@ pub async fn sync(
     sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         .execute(&mut *tx)
         .await?;
-    let now: String = sqlx::query_scalar("SELECT pg_current_snapshot()::text")
-        .fetch_one(&mut *tx)
-        .await?;
+    let (now, origin): (String, String) =
+        sqlx::query_as(&format!("SELECT pg_current_snapshot()::text, {ORIGIN}"))
+            .fetch_one(&mut *tx)
+            .await?;
+    if let Some(opened) = from {
+        if opened.origin.as_deref() != Some(origin.as_str()) {
+            metrics::counter!("sync_requests_total", "kind" => "stale").increment(1);
+            return Err(StoreError::conflict(
+                "cursor-stale",
+                "the cursor is of another history of the database (a failover, a restore or \
+                 another deployment): sync again without since",
+            ));
+        }
+    }
+    let from = from.map(|opened| &opened.cursor);
     let mut at = match from {
         None => Continuation::start(None, now),
         Some(Cursor::Snapshot(since)) => Continuation::start(Some(since.clone()), now),
@@ -189,7 +207,7 @@ pub async fn sync(
     Ok(SyncPage {
         conversations,
         has_more: matches!(next, Cursor::Continue(_)),
-        next_cursor: key.seal(user, &next),
+        next_cursor: key.seal(user, &origin, &next),
     })
 }
 
