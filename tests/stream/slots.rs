@@ -1,5 +1,5 @@
 //! The stack's connector streams from a failover slot (issue 25): PostgreSQL 17, and the
-//! slot `scripts/stack up` made before Debezium could make one without failover. A
+//! slot `scripts/stack up` made (Debezium would make it so too: `slot.failover`). A
 //! standby with `sync_replication_slots = on` keeps a copy of it, so a promoted standby
 //! streams on from where the connector stood. PostgreSQL's own catalogue is the witness.
 
