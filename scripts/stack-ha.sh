@@ -241,7 +241,10 @@ ha_nodes_up() {
   if ! { [ "$(ha_state "$s")" = standby ] && ha_streaming "$p" "$s"; }; then
     ha_conf "$p" off; ha_reload "$p"
     ha_roles "$p"
-    if [ "$(ha_state "$s")" = standby ] && wait_until "$(ha_name "$s") streaming" 30 "" ha_streaming "$p" "$s"; then :; else ha_seed "$s"; fi
+    # A standby catches up only over its slot, which kept the WAL it lacks; without one
+    # (down --ha drops it) it is seeded anew.
+    if [ "$(ha_state "$s")" = standby ] && [ -n "$(ha_sql "$p" "select 1 from pg_replication_slots where slot_name = '$(ha_name "$s")'")" ] &&
+       wait_until "$(ha_name "$s") streaming" 30 "" ha_streaming "$p" "$s"; then :; else ha_seed "$s"; fi
   fi
   ha_roles "$p"
   ha_sync_on "$p"

@@ -87,6 +87,17 @@ impl Load {
             .any(|(k, _, at)| *k == (conversation, seq) && *at > t)
     }
 
+    /// The highest seq acknowledged in `conversation` so far.
+    pub fn last_acked(&self, conversation: i64) -> Option<i64> {
+        self.acked
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|((c, _), _, _)| *c == conversation)
+            .map(|((_, s), _, _)| *s)
+            .max()
+    }
+
     /// Waits until `n` sends are acknowledged; fails the test at the deadline.
     pub async fn until_acked(&self, n: usize, deadline: Duration) {
         let until = Instant::now() + deadline;
