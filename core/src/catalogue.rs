@@ -116,6 +116,13 @@ pub const METRICS: &[Entry] = &[
     ("audit_under_replicated_partitions", Gauge, "Partitions of audit.replicated_topics with fewer in-sync replicas than replicas."),
     ("audit_offline_partitions", Gauge, "Partitions of audit.replicated_topics without a leader."),
     ("audit_connector_task_moves", Gauge, "Times the connector's task changed Connect workers within audit.task_moves_window_ms."),
+    ("audit_outbox_confirm_pending", Gauge, "Outbox rows whose events the auditor read and has not yet deleted (outbox.retain_until_confirmed)."),
+    ("audit_outbox_confirm_statements_total", Counter, "DELETE statements of confirmed outbox rows (at most audit.outbox_confirm_batch ids each)."),
+    ("audit_outbox_confirm_seconds", Histogram, "Time to delete one batch of confirmed outbox rows."),
+    ("audit_outbox_seen_total", Counter, "chat.events records read whose outbox rows were to be deleted."),
+    ("audit_outbox_confirmed_total", Counter, "Outbox rows deleted because their events were read on chat.events (a record read twice deletes nothing the second time)."),
+    ("audit_outbox_oldest_seconds", Gauge, "Age of the oldest outbox row: an event not confirmed on chat.events (alarm outbox_unconfirmed)."),
+    ("audit_outbox_rows_at_most", Gauge, "Outbox rows left, at most (the span of their positions)."),
     // gateway.
     ("gateway_connections", Gauge, "WebSocket connections open."),
     ("gateway_auth_refusals_total", Counter, "WebSocket upgrades refused for a missing, bad or expired token."),

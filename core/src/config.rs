@@ -161,6 +161,10 @@ impl KafkaSettings {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OutboxSettings {
-    /// Delete each row in the transaction that wrote it (the WAL keeps the insert).
-    pub delete_after_write: bool,
+    /// Keep each row until the auditor has seen its event on `chat.events` (it then
+    /// deletes confirmed rows in batches), so that events whose WAL was lost can be
+    /// published again (docs/operations.md, "Re-publishing the outbox"). False: delete
+    /// each row in the transaction that wrote it (the WAL keeps the insert), for a
+    /// deployment that runs no auditor.
+    pub retain_until_confirmed: bool,
 }

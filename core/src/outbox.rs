@@ -12,16 +12,17 @@ use uuid::Uuid;
 #[derive(Clone)]
 pub struct Outbox {
     codec: EventCodec,
-    /// Delete each row in the transaction that wrote it: the WAL keeps the insert for
-    /// Debezium and the table stays empty. Off only to inspect rows (tests).
+    /// Delete each row in the transaction that wrote it (the WAL keeps the insert for
+    /// Debezium), unless rows are kept until the auditor confirms them
+    /// (`outbox.retain_until_confirmed`).
     delete_after_write: bool,
 }
 
 impl Outbox {
-    pub fn new(codec: EventCodec, delete_after_write: bool) -> Self {
+    pub fn new(codec: EventCodec, retain_until_confirmed: bool) -> Self {
         Self {
             codec,
-            delete_after_write,
+            delete_after_write: !retain_until_confirmed,
         }
     }
 

@@ -96,7 +96,7 @@ impl Application {
         };
         let store = Store {
             pool: pool.clone(),
-            outbox: Outbox::new(codec, settings.outbox.delete_after_write),
+            outbox: Outbox::new(codec, settings.outbox.retain_until_confirmed),
             members: crate::store::members::Members::new(settings.membership),
         };
         let sends = SendQueue::new(store.clone(), settings.sends.clone());

@@ -114,6 +114,9 @@ pub struct AuditSettings {
     pub task_moves_window_ms: u64,
     pub event_alarm_ms: u64,
     pub recent: usize,
+    pub outbox_confirm_batch: usize,
+    pub outbox_confirm_interval_ms: u64,
+    pub outbox_unconfirmed_alert_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -383,7 +383,7 @@ async fn phase(
             settings.receipts.group = format!("{db}-read");
             settings.receipts.acks_topic = acks_topic.clone();
             settings.receipts.acks_group = format!("{db}-delivered");
-            settings.outbox.delete_after_write = false;
+            settings.outbox.retain_until_confirmed = true;
             let stop = stop.clone();
             Some(std::thread::spawn(move || {
                 pipeline::receipts::run(&settings, stop)
@@ -397,7 +397,7 @@ async fn phase(
     settings.database.migrate_on_start = false;
     settings.registry.url = args.stack.registry.clone();
     settings.registry.events_subject = subject;
-    settings.outbox.delete_after_write = false;
+    settings.outbox.retain_until_confirmed = true;
     settings.kafka.brokers = args.stack.brokers.clone();
     settings.kafka.receipts_topic = reads_topic.clone();
     settings.kafka.acks_topic = acks_topic.clone();

@@ -24,7 +24,6 @@ async fn a_message_sent_through_the_api_arrives_on_chat_events_decoded_and_keyed
     let alice = p.app.user(10);
     let conv = alice.create_group(&[20]).await;
     let seq = alice.send_message(conv, "über Kafka").await;
-    app_outbox_is_empty(&p).await;
 
     let records = p
         .consume_until(Duration::from_secs(30), |rs| {
@@ -32,6 +31,7 @@ async fn a_message_sent_through_the_api_arrives_on_chat_events_decoded_and_keyed
                 .any(|r| matches!(r.event, ChatEvent::MessageNew(_)))
         })
         .await;
+    every_outbox_row_is_on_the_topic(&p, &records).await;
     let r = records
         .iter()
         .find(|r| matches!(r.event, ChatEvent::MessageNew(_)))
@@ -95,11 +95,26 @@ async fn a_message_sent_through_the_api_arrives_on_chat_events_decoded_and_keyed
     );
 }
 
-async fn app_outbox_is_empty(p: &chatpipe_tests::stream::Pipeline) {
+/// Every outbox row is kept (no auditor confirms them here: `outbox.retain_until_confirmed`)
+/// and is on the topic: the row's id is its record's `id` header.
+async fn every_outbox_row_is_on_the_topic(
+    p: &chatpipe_tests::stream::Pipeline,
+    records: &[Record],
+) {
+    let rows: BTreeSet<String> = sqlx::query_scalar("SELECT id::text FROM outbox")
+        .fetch_all(&p.app.pool)
+        .await
+        .expect("reading the outbox")
+        .into_iter()
+        .collect();
+    let on_topic: BTreeSet<String> = records
+        .iter()
+        .filter_map(|r| r.headers.get("id").cloned())
+        .collect();
+    assert!(!rows.is_empty(), "rows are kept until they are confirmed");
     assert_eq!(
-        p.app.count("SELECT count(*) FROM outbox").await,
-        0,
-        "rows are deleted in their transaction"
+        rows, on_topic,
+        "the outbox's rows and the topic's id headers"
     );
 }
 
@@ -160,7 +175,7 @@ async fn two_thousand_messages_over_twenty_conversations_all_arrive_in_seq_order
             "one partition per key"
         );
     }
-    app_outbox_is_empty(&p).await;
+    every_outbox_row_is_on_the_topic(&p, &records).await;
     p.cleanup().await;
 }
 

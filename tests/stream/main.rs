@@ -6,5 +6,6 @@ mod audit;
 mod cdc;
 mod membership_race;
 mod receipts;
+mod republish;
 mod slots;
 mod transports;

@@ -424,7 +424,7 @@ async fn sigkill_after_the_db_commit_and_before_the_offset_commit_changes_nothin
         .post(&format!("/conversations/{conv}/read"), json!({"seq": 7}))
         .await
         .expect(202);
-    let keep_rows = ("CHATPIPE_OUTBOX__DELETE_AFTER_WRITE", "false");
+    let keep_rows = ("CHATPIPE_OUTBOX__RETAIN_UNTIL_CONFIRMED", "true");
 
     let mut doomed = processor_process(
         &p,
@@ -474,7 +474,7 @@ async fn two_processors_one_stopped_lose_nothing_and_regress_nothing() {
         conversations.push(conv);
     }
     let mut settings = p.receipts_settings();
-    settings.outbox.delete_after_write = false;
+    settings.outbox.retain_until_confirmed = true;
     let mut a = Some(p.start_receipts(settings.clone()));
     let b = p.start_receipts(settings.clone());
     // A rebalance needs two members: both hold some of the six partitions first.

@@ -214,8 +214,8 @@ pub async fn spawn_app_beside(app: &TestApp) -> TestApp {
 }
 
 /// Starts ingest-api on 127.0.0.1:0 with the compiled-in defaults, a fresh database and
-/// whatever `adjust` changes. Outbox rows are kept (`outbox.delete_after_write = false`)
-/// so tests can read what each transaction wrote.
+/// whatever `adjust` changes. Outbox rows are kept (`outbox.retain_until_confirmed`,
+/// and no auditor deletes them) so tests can read what each transaction wrote.
 pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     let url = fresh_database().await;
     let mut settings = Settings::defaults_with_secret(JWT_SECRET);
@@ -229,7 +229,7 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     settings.database.acquire_timeout_ms = 20_000;
     settings.http.request_timeout_ms = 30_000;
     settings.registry.url = registry_url();
-    settings.outbox.delete_after_write = false;
+    settings.outbox.retain_until_confirmed = true;
     // The REST suite tests the direct read path; stream tests switch to the stream.
     settings.reads.mode = ReadMode::Direct;
     settings.kafka.brokers = stream::brokers();

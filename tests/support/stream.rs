@@ -96,12 +96,10 @@ pub async fn spawn_pipeline_adjusted(
         &uuid::Uuid::new_v4().simple().to_string()[..6]
     );
     let topic = format!("{ns}.chat.events");
-    // The real configuration: rows are deleted in the transaction that wrote them.
     let events_subject = format!("{topic}-value");
     let receipts_topic = format!("{ns}.chat.read-receipts");
     let acks_topic = format!("{ns}.chat.delivery-acks");
     let app = spawn_app_with(|s| {
-        s.outbox.delete_after_write = true;
         s.registry.events_subject = events_subject.clone();
         s.reads.mode = reads;
         s.kafka.receipts_topic = receipts_topic.clone();
@@ -470,9 +468,11 @@ fn connector_config(db: &str, slot: &str, ns: &str, topic: &str) -> Value {
         "transforms.outbox.route.topic.replacement",
         topic.to_owned(),
     );
-    // Topic patterns name the prefix: the outbox table's topic and the heartbeat topics.
+    // Topic patterns name the prefix: the outbox's and the signal table's topics and the
+    // heartbeat topics.
     for key in [
         "predicates.isOutbox.pattern",
+        "predicates.isSignal.pattern",
         "topic.creation.heartbeats.include",
     ] {
         let pattern = config[key].as_str().expect("the connector file sets it");

@@ -28,6 +28,7 @@ use tokio::time::Instant;
 
 use super::cluster::{Replication, TaskMoves};
 use super::keeper::{Action, Keeper, KeeperReport};
+use super::outbox::Backlog;
 use super::{alarm, Audit};
 use crate::runtime::ReaderHealth;
 use crate::settings::{AuditSettings, Settings};
@@ -46,6 +47,8 @@ pub struct Latest {
     pub dead_letters: BTreeMap<String, i64>,
     /// The watched topics' partitions; `None`: the cluster did not answer.
     pub replication: Option<Replication>,
+    /// What is left in the outbox (`outbox.retain_until_confirmed`).
+    pub outbox: Option<Backlog>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -131,6 +134,8 @@ struct CdcRead {
 
 pub struct Checker {
     cfg: AuditSettings,
+    /// `outbox.retain_until_confirmed`: what is left in the outbox is looked at.
+    outbox_retained: bool,
     audit: Audit,
     health: Arc<ReaderHealth>,
     pool: PgPool,
@@ -160,6 +165,7 @@ impl Checker {
             .expect("a Kafka client (kafka.brokers)");
         Ok(Self {
             cfg: settings.audit.clone(),
+            outbox_retained: settings.outbox.retain_until_confirmed,
             audit,
             health,
             pool,
@@ -199,13 +205,14 @@ impl Checker {
     pub async fn check(&mut self) {
         let now = Instant::now();
         // Concurrently: one that waits for a timeout does not delay the others.
-        let (cdc, slot, connector, answers, dead_letters, replication) = tokio::join!(
+        let (cdc, slot, connector, answers, dead_letters, replication, outbox) = tokio::join!(
             self.cdc_read(),
             self.slot(),
             self.connector(),
             self.probe_answers(),
             self.dead_letters(),
-            self.replication()
+            self.replication(),
+            self.outbox()
         );
         let cdc = cdc.and_then(|read| self.cdc(read, now));
         let probes = self.probes(answers, now);
@@ -372,6 +379,9 @@ impl Checker {
                 _ => {}
             }
         }
+        if let Some(backlog) = &outbox {
+            backlog.judge(cfg, alarms, now);
+        }
         let event_alarm = Duration::from_millis(cfg.event_alarm_ms);
         alarms.expire(event_alarm, now);
 
@@ -383,7 +393,17 @@ impl Checker {
             probes,
             dead_letters,
             replication,
+            outbox,
         };
+    }
+
+    /// What is left in the outbox (`None`: rows are not kept, or PostgreSQL did not
+    /// answer, which `postgres_unreachable` reports).
+    async fn outbox(&self) -> Option<Backlog> {
+        if !self.outbox_retained {
+            return None;
+        }
+        Backlog::read(&self.pool).await.ok()
     }
 
     /// What was streamed of the recent conversations, and what PostgreSQL holds of them.

@@ -20,6 +20,7 @@ pub mod checks;
 pub mod cluster;
 pub mod keeper;
 pub mod ledger;
+pub mod outbox;
 pub mod report;
 
 use std::collections::VecDeque;
@@ -55,6 +56,7 @@ pub mod alarm {
     pub const UNDER_REPLICATED: &str = "under_replicated_partitions";
     pub const OFFLINE_PARTITIONS: &str = "offline_partitions";
     pub const CONNECTOR_TASK_MOVING: &str = "connector_task_moving";
+    pub const OUTBOX_UNCONFIRMED: &str = "outbox_unconfirmed";
 }
 
 /// What the events reader has counted since the auditor started.
@@ -182,47 +184,99 @@ fn push_bounded<T>(queue: &mut VecDeque<T>, item: T, max: usize) {
     }
 }
 
-/// A chat.events record and when the broker appended it (the record's timestamp, which
-/// Connect sets when it produces).
+/// A chat.events record, when the broker appended it (the record's timestamp, which
+/// Connect sets when it produces) and the outbox row it came from.
 pub struct Stamped {
-    pub event: ChatEvent,
+    /// The event, or why it does not decode (it reached the topic all the same: its row
+    /// is confirmed; fanout dead-letters it).
+    pub event: Result<ChatEvent, String>,
     pub appended_ms: Option<i64>,
+    pub outbox_row: Option<uuid::Uuid>,
 }
 
 impl Decode for Stamped {
     fn decode(message: &impl Message, schemas: &mut WriterSchemas) -> Result<Self, Failure> {
+        let event = match ChatEvent::decode(message, schemas) {
+            Ok(event) => Ok(event),
+            Err(Failure::Poison(reason)) => Err(reason),
+            Err(retriable) => return Err(retriable),
+        };
         Ok(Self {
-            event: ChatEvent::decode(message, schemas)?,
+            event,
             appended_ms: message.timestamp().to_millis(),
+            outbox_row: outbox::row_id(message),
         })
     }
 }
 
-/// The events reader's processor: the ledger, nothing written anywhere.
+/// The events reader's processor: the ledger, and (with `outbox.retain_until_confirmed`)
+/// the outbox rows of the events read deleted before their offsets are committed.
 struct Auditor {
     audit: Audit,
     next: std::collections::HashMap<i32, i64>,
+    confirmer: Option<outbox::Confirmer>,
+}
+
+impl Auditor {
+    fn done(&mut self, at: Position, outbox_row: Option<uuid::Uuid>) {
+        match &mut self.confirmer {
+            Some(confirmer) => confirmer.add(at.partition, at.offset + 1, outbox_row),
+            None => {
+                self.next.insert(at.partition, at.offset + 1);
+            }
+        }
+    }
+
+    fn flush(&mut self) -> Result<(), Failure> {
+        if let Some(confirmer) = &mut self.confirmer {
+            self.next.extend(confirmer.flush()?);
+        }
+        Ok(())
+    }
 }
 
 impl Processor for Auditor {
     type Record = Stamped;
 
     fn apply(&mut self, at: Position, record: Stamped) -> Result<(), Failure> {
-        self.audit
-            .state()
-            .observe(&record.event, record.appended_ms);
-        self.next.insert(at.partition, at.offset + 1);
+        match &record.event {
+            Ok(event) => self.audit.state().observe(event, record.appended_ms),
+            Err(reason) => {
+                tracing::warn!(partition = at.partition, offset = at.offset, %reason, "undecodable event");
+                self.audit.state().counts.undecodable += 1;
+                metrics::counter!("audit_undecodable_total").increment(1);
+            }
+        }
+        self.done(at, record.outbox_row);
         Ok(())
     }
 
     fn skip(&mut self, at: Position, _key: Option<&[u8]>) {
-        self.audit.state().counts.undecodable += 1;
-        metrics::counter!("audit_undecodable_total").increment(1);
-        self.next.insert(at.partition, at.offset + 1);
+        self.done(at, None);
+    }
+
+    fn tick(&mut self) -> Result<(), Failure> {
+        if self.confirmer.as_ref().is_some_and(|c| c.due()) {
+            self.flush()?;
+        }
+        Ok(())
     }
 
     fn committable(&mut self) -> Vec<(i32, i64)> {
         self.next.drain().collect()
+    }
+
+    fn revoke(&mut self, partitions: &[i32]) {
+        if let Err(e) = self.flush() {
+            tracing::warn!(error = %e, "confirming the outbox before a rebalance failed; the next owner reads those records again");
+            if let Some(confirmer) = &mut self.confirmer {
+                confirmer.forget(partitions);
+            }
+        }
+    }
+
+    fn finish(&mut self) -> Result<(), Failure> {
+        self.flush()
     }
 }
 
@@ -266,12 +320,23 @@ fn run_events(
     );
     // Fanout dead-letters undecodable events; the auditor only counts them.
     spec.dead_letters = None;
+    // sqlx's pool starts its maintenance task on the runtime it is made in.
+    let _entered = rt.enter();
+    let confirmer = match settings.outbox.retain_until_confirmed {
+        true => Some(outbox::Confirmer::new(
+            cfg,
+            settings.database.connect_lazy()?,
+            rt.handle().clone(),
+        )),
+        false => None,
+    };
     let reader = crate::runtime::Reader::new(
         spec,
         settings.kafka.client(),
         Auditor {
             audit,
             next: Default::default(),
+            confirmer,
         },
         WriterSchemas::new(registry, rt.handle().clone()),
         health,

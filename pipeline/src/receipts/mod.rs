@@ -236,7 +236,7 @@ fn run_one(
         mark,
         handle: rt.handle().clone(),
         pool,
-        outbox: Outbox::new(codec, settings.outbox.delete_after_write),
+        outbox: Outbox::new(codec, settings.outbox.retain_until_confirmed),
         window: Window::new(
             Duration::from_millis(cfg.debounce_window_ms),
             cfg.max_batch_keys,
