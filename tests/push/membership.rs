@@ -6,9 +6,10 @@ use chatpipe_core::kafka::CreateGuarded;
 use std::time::Duration;
 
 use chatpipe_schemas::ChatEvent;
-use chatpipe_tests::stream::{brokers, spawn_pipeline};
+use chatpipe_tests::stream::{brokers, set_topic_config, spawn_pipeline};
 use rdkafka::admin::AdminOptions;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::consumer::Consumer;
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 use crate::{is_message, PRESENCE_DEADLINE, PUSH_DEADLINE};
 
@@ -193,6 +194,163 @@ async fn the_membership_changes_of_one_tick_are_one_changelog_write_per_conversa
         (1..=2).contains(&writes),
         "151 membership changes of one conversation: {writes} changelog writes"
     );
+    gw.stop().await.unwrap();
+    p.cleanup().await;
+}
+
+/// The committed offset of `group` on `partition` of `topic` (-1: none).
+async fn committed(group: &str, topic: &str, partition: i32) -> i64 {
+    let (group, topic) = (group.to_owned(), topic.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let consumer: chatpipe_core::kafka::BaseConsumer =
+            chatpipe_core::kafka::consumer_config(&brokers(), &group)
+                .create_guarded()
+                .expect("Kafka consumer");
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&topic, partition);
+        let offsets = consumer
+            .committed_offsets(tpl, Duration::from_secs(10))
+            .expect("the group's committed offsets");
+        match offsets.elements()[0].offset() {
+            Offset::Offset(o) => o,
+            _ => -1,
+        }
+    })
+    .await
+    .unwrap()
+}
+
+/// The last changelog entry of `conversation` on `partition`: its members (`None`: a
+/// tombstone or no entry).
+async fn changelog_members(topic: &str, partition: i32, conversation: i64) -> Option<Vec<i64>> {
+    let topic = topic.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let consumer: chatpipe_core::kafka::BaseConsumer =
+            chatpipe_core::kafka::consumer_config(&brokers(), &format!("{topic}-read"))
+                .create_guarded()
+                .expect("Kafka consumer");
+        let (low, high) = consumer
+            .fetch_watermarks(&topic, partition, Duration::from_secs(10))
+            .expect("watermarks");
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&topic, partition, Offset::Offset(low))
+            .unwrap();
+        consumer.assign(&tpl).unwrap();
+        let writer =
+            apache_avro::Schema::parse_str(chatpipe_schemas::contract::FANOUT_MEMBERS.schema)
+                .unwrap();
+        let mut last = None;
+        let mut next = low;
+        while next < high {
+            let Some(m) = consumer.poll(Duration::from_secs(10)) else {
+                panic!("{topic}/{partition}: nothing at offset {next} of {high}");
+            };
+            let m = m.expect("a changelog record");
+            next = m.offset() + 1;
+            if m.key() != Some(conversation.to_string().as_bytes()) {
+                continue;
+            }
+            last = m.payload().map(|bytes| {
+                let entry = chatpipe_schemas::members::FanoutMembers::decode_with(&writer, bytes)
+                    .expect("a changelog entry");
+                let mut users: Vec<i64> = entry.user_ids.iter().map(|u| u.get()).collect();
+                users.sort_unstable();
+                users
+            });
+        }
+        last
+    })
+    .await
+    .unwrap()
+}
+
+/// A changelog entry the broker refuses is written again, never dropped: while it is
+/// refused (the changelog topic's `max.message.bytes` set below any record) the offsets
+/// after it are not committed, and once the broker takes records again the changelog
+/// holds the entry without the removed member. A dropped write would leave her in the
+/// compacted changelog, which a restarted fanout trusts: she would get the group's
+/// messages again. Witnesses: the topic's records and the group's committed offsets.
+#[tokio::test]
+async fn a_changelog_entry_the_broker_refuses_is_written_again_and_holds_the_offsets() {
+    let p = spawn_pipeline().await;
+    let gw = p.start_gateway(p.gateway_settings("gw", 0)).await;
+    let settings = p.fanout_settings();
+    let (changelog, group) = (
+        settings.fanout.changelog_topic.clone(),
+        settings.fanout.group.clone(),
+    );
+    let fanout = p.start_fanout(settings);
+    let (alice, bob, carol) = (1, 2, 3);
+    let conversation = p.app.user(alice).create_group(&[bob, carol]).await;
+    let mut bob_ws = p.connect(&gw.url, bob).await;
+    fanout.wait_online(&[bob], PRESENCE_DEADLINE).await;
+    let first = p
+        .app
+        .user(alice)
+        .send_message(conversation, "all three")
+        .await;
+    bob_ws
+        .until(PUSH_DEADLINE, is_message(conversation, first))
+        .await;
+
+    set_topic_config(&changelog, "max.message.bytes", "1").await;
+    p.app
+        .user(alice)
+        .delete(&format!("/conversations/{conversation}/members/{carol}"))
+        .await
+        .expect(204);
+    let after = p
+        .app
+        .user(alice)
+        .send_message(conversation, "carol left")
+        .await;
+    bob_ws
+        .until(PUSH_DEADLINE, is_message(conversation, after))
+        .await;
+    let left = p
+        .consume_until(Duration::from_secs(30), |rs| {
+            rs.iter()
+                .any(|r| matches!(&r.event, ChatEvent::MemberLeft(l) if l.user_id.get() == carol))
+        })
+        .await
+        .into_iter()
+        .find(|r| matches!(&r.event, ChatEvent::MemberLeft(l) if l.user_id.get() == carol))
+        .expect("member.left on the topic");
+    // Fanout has pushed the later message: it read past member.left. For five seconds
+    // (fanout commits every poll), no offset past member.left is committed.
+    let watched = std::time::Instant::now();
+    while watched.elapsed() < Duration::from_secs(5) {
+        let at = committed(&group, &p.topic, left.partition).await;
+        assert!(
+            at <= left.offset,
+            "offset {at} committed past member.left at {} while its changelog entry is refused",
+            left.offset
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(
+        changelog_members(&changelog, left.partition, conversation).await,
+        Some(vec![alice, bob, carol]),
+        "the refused entry is not on the changelog yet"
+    );
+
+    // The broker takes records again: the entry is written, then the offsets move on.
+    set_topic_config(&changelog, "max.message.bytes", "1048588").await;
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let members = changelog_members(&changelog, left.partition, conversation).await;
+        let at = committed(&group, &p.topic, left.partition).await;
+        if members == Some(vec![alice, bob]) && at > left.offset {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "within 60 s: changelog entry {members:?}, committed offset {at} (member.left at {})",
+            left.offset
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    fanout.stop().unwrap();
     gw.stop().await.unwrap();
     p.cleanup().await;
 }

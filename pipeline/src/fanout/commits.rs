@@ -8,6 +8,7 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use chatpipe_core::kafka::Rebootstrap;
+use chatpipe_schemas::ConversationId;
 use rdkafka::producer::{DeliveryResult, ProducerContext};
 use rdkafka::ClientContext;
 
@@ -31,11 +32,86 @@ impl Unacked {
     }
 }
 
-/// Delivery reports: each list leaves the unacked set. A list the broker refused after
+/// A changelog entry (or tombstone) of a conversation, produced as record `n`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChangelogWrite {
+    pub conversation: ConversationId,
+    pub partition: i32,
+    /// Earlier numbers whose writes the broker refused and this one writes again: they
+    /// stay unacknowledged (holding every offset after them) until this one is acked.
+    pub covers: Vec<u64>,
+}
+
+/// What a delivery report was for.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Delivered {
+    /// A fanout list (or anything not a changelog write): done either way.
+    List,
+    /// A changelog write the broker acknowledged: these numbers are done.
+    Changelog(Vec<u64>),
+    /// A changelog write the broker refused: nothing is done; it is written again.
+    Refused(ConversationId),
+}
+
+/// Changelog writes in flight, and those the broker refused. An entry is never
+/// dropped: a refused one is written again (the conversation's entry as it is then) on
+/// the next tick, and the offsets after it wait until a write of it is acknowledged. A
+/// lost tombstone or entry would leave the compacted changelog with a member list that a
+/// restore trusts.
+#[derive(Default)]
+pub struct ChangelogWrites(Mutex<ChangelogState>);
+
+#[derive(Default)]
+struct ChangelogState {
+    in_flight: HashMap<u64, ChangelogWrite>,
+    refused: Vec<ChangelogWrite>,
+}
+
+impl ChangelogWrites {
+    /// Record `n` is the write `w` (call before producing it).
+    pub fn sent(&self, n: u64, w: ChangelogWrite) {
+        self.0
+            .lock()
+            .expect("changelog lock")
+            .in_flight
+            .insert(n, w);
+    }
+
+    /// Record `n` was not produced after all (the producer refused it at once): `w`'s
+    /// covered numbers go back to be written again.
+    pub fn unsent(&self, n: u64) -> Option<ChangelogWrite> {
+        self.0.lock().expect("changelog lock").in_flight.remove(&n)
+    }
+
+    /// The broker's answer for record `n`.
+    pub fn delivered(&self, n: u64, ok: bool) -> Delivered {
+        let mut state = self.0.lock().expect("changelog lock");
+        let Some(mut w) = state.in_flight.remove(&n) else {
+            return Delivered::List;
+        };
+        w.covers.push(n);
+        if ok {
+            Delivered::Changelog(w.covers)
+        } else {
+            let conversation = w.conversation;
+            state.refused.push(w);
+            Delivered::Refused(conversation)
+        }
+    }
+
+    /// The refused writes, to be written again.
+    pub fn take_refused(&self) -> Vec<ChangelogWrite> {
+        std::mem::take(&mut self.0.lock().expect("changelog lock").refused)
+    }
+}
+
+/// Delivery reports: each record leaves the unacked set. A list the broker refused after
 /// `message.timeout.ms` (a gateway partition that does not exist) is counted and
-/// dropped: pushes are best effort, clients catch up over REST.
+/// dropped: pushes are best effort, clients catch up over REST. A changelog write is
+/// never dropped ([`ChangelogWrites`]).
 pub struct DeliveryReport {
     pub unacked: Arc<Unacked>,
+    pub changelog: Arc<ChangelogWrites>,
     pub rebootstrap: Rebootstrap,
 }
 
@@ -49,10 +125,21 @@ impl ProducerContext for DeliveryReport {
     type DeliveryOpaque = usize;
 
     fn delivery(&self, result: &DeliveryResult<'_>, n: usize) {
-        self.unacked.done(n as u64);
-        if let Err((err, _)) = result {
-            metrics::counter!("fanout_produce_errors_total").increment(1);
-            tracing::warn!("a fanout list was not delivered: {err}");
+        match self.changelog.delivered(n as u64, result.is_ok()) {
+            Delivered::List => {
+                self.unacked.done(n as u64);
+                if let Err((err, _)) = result {
+                    metrics::counter!("fanout_produce_errors_total").increment(1);
+                    tracing::warn!("a fanout list was not delivered: {err}");
+                }
+            }
+            Delivered::Changelog(done) => done.into_iter().for_each(|d| self.unacked.done(d)),
+            Delivered::Refused(conversation) => {
+                metrics::counter!("fanout_changelog_refused_total").increment(1);
+                if let Err((err, _)) = result {
+                    tracing::warn!(%conversation, "changelog entry refused ({err}): written again, offsets held");
+                }
+            }
         }
     }
 }
@@ -129,6 +216,31 @@ mod tests {
         // Everything acknowledged.
         assert_eq!(pending.releasable(None), HashMap::from([(0, 12)]));
         assert!(pending.releasable(None).is_empty());
+    }
+
+    #[test]
+    fn a_refused_changelog_write_stays_unacked_until_its_rewrite_is_acked() {
+        let writes = ChangelogWrites::default();
+        let c = ConversationId::of(7);
+        let write = |covers| ChangelogWrite {
+            conversation: c,
+            partition: 2,
+            covers,
+        };
+        writes.sent(3, write(vec![]));
+        assert_eq!(writes.delivered(4, true), Delivered::List);
+        assert_eq!(writes.delivered(3, false), Delivered::Refused(c));
+        let refused = writes.take_refused();
+        assert_eq!(refused, vec![write(vec![3])]);
+        // Written again as 9, refused again, then 12 is acknowledged: 3, 9 and 12 are done.
+        writes.sent(9, refused[0].clone());
+        assert_eq!(writes.delivered(9, false), Delivered::Refused(c));
+        writes.sent(12, writes.take_refused().remove(0));
+        assert_eq!(
+            writes.delivered(12, true),
+            Delivered::Changelog(vec![3, 9, 12])
+        );
+        assert!(writes.take_refused().is_empty());
     }
 
     #[test]

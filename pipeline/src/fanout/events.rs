@@ -15,7 +15,7 @@ use sqlx::PgPool;
 use tokio::runtime::Handle;
 
 use super::changelog::Changelog;
-use super::commits::{DeliveryReport, PendingOffsets, Unacked};
+use super::commits::{ChangelogWrite, ChangelogWrites, DeliveryReport, PendingOffsets, Unacked};
 use super::members::{Change, Conversation, Members};
 use super::plan::{self, Coalescer, Routed};
 use super::{key_conversation, now_ms, Status};
@@ -42,6 +42,10 @@ pub struct Fanout {
     /// one call is one entry, not 1,000 growing ones). Written before any offset
     /// snapshot, so no offset is committed ahead of its entry.
     pub dirty: HashMap<ConversationId, i32>,
+    /// Changelog writes in flight and refused (shared with the delivery reports).
+    pub changelog_writes: Arc<ChangelogWrites>,
+    /// Numbers of refused writes that the next write of a conversation stands for.
+    pub covers: HashMap<ConversationId, Vec<u64>>,
     pub coalescer: Coalescer,
     /// Number of the next list produced.
     pub sent: u64,
@@ -209,6 +213,19 @@ impl Fanout {
     /// Writes every entry changed since the last call, once each. On a failure the
     /// entries not written stay marked.
     fn write_dirty(&mut self) -> Result<(), Failure> {
+        for w in self.changelog_writes.take_refused() {
+            if !self.restored.contains(&w.partition) {
+                // Given away since: the next owner writes its entries. Its offsets were
+                // held back by these numbers and are forgotten; release the numbers.
+                w.covers.iter().for_each(|&n| self.unacked.done(n));
+                continue;
+            }
+            self.covers
+                .entry(w.conversation)
+                .or_default()
+                .extend(w.covers);
+            self.dirty.insert(w.conversation, w.partition);
+        }
         let dirty: Vec<(ConversationId, i32)> = self.dirty.drain().collect();
         for (i, &(conversation, partition)) in dirty.iter().enumerate() {
             if let Err(err) = self.write_changelog(partition, conversation) {
@@ -231,13 +248,30 @@ impl Fanout {
         let n = self.sent;
         self.sent += 1;
         self.unacked.add(n);
+        let covers = self.covers.remove(&conversation).unwrap_or_default();
+        self.changelog_writes.sent(
+            n,
+            ChangelogWrite {
+                conversation,
+                partition,
+                covers,
+            },
+        );
         let mut record = BaseRecord::with_opaque_to(&self.changelog.topic, n as usize)
             .partition(partition)
             .key(&key);
         if let Some(value) = &value {
             record = record.payload(value);
         }
-        self.produce(record, n)?;
+        if let Err(err) = self.produce(record, n) {
+            if let Some(w) = self.changelog_writes.unsent(n) {
+                self.covers
+                    .entry(conversation)
+                    .or_default()
+                    .extend(w.covers);
+            }
+            return Err(err);
+        }
         metrics::counter!("fanout_changelog_writes_total").increment(1);
         Ok(())
     }

@@ -46,7 +46,7 @@ use crate::runtime::{
 };
 use crate::settings::Settings;
 use changelog::Changelog;
-use commits::{DeliveryReport, PendingOffsets, Unacked};
+use commits::{ChangelogWrites, DeliveryReport, PendingOffsets, Unacked};
 use events::Fanout;
 use members::Members;
 use online::Online;
@@ -328,6 +328,7 @@ fn run_events(
         std::thread::sleep(Duration::from_millis(20));
     }
     let unacked = Arc::new(Unacked::default());
+    let changelog_writes = Arc::new(ChangelogWrites::default());
     let producer: ThreadedProducer<DeliveryReport> = chatpipe_core::kafka::create_with(
         settings.kafka.producer().set("linger.ms", "1").set(
             "queue.buffering.max.messages",
@@ -335,6 +336,7 @@ fn run_events(
         ),
         |rebootstrap| DeliveryReport {
             unacked: unacked.clone(),
+            changelog: changelog_writes.clone(),
             rebootstrap,
         },
     )
@@ -355,6 +357,8 @@ fn run_events(
         },
         restored: HashSet::new(),
         dirty: HashMap::new(),
+        changelog_writes,
+        covers: HashMap::new(),
         coalescer: Coalescer::default(),
         sent: 0,
         offsets: PendingOffsets::default(),
