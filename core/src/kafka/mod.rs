@@ -118,15 +118,16 @@ impl std::fmt::Debug for Properties {
 
 /// The properties of `config` that say how to reach the cluster (`security.protocol`,
 /// `ssl.*`, `sasl.*`): a client made for the same cluster from another start (the
-/// dead-letter producer of a reader) copies them.
+/// dead-letter producer of a reader) copies them. Values are read with `get`:
+/// `config_map` hides the secrets (`sasl.password` reads "[sanitized for safety]"), and
+/// a copy of that logged in with the wrong password, so no dead letter ever reached a
+/// SASL listener.
 pub fn transport_of(config: &ClientConfig) -> Properties {
     config
         .config_map()
-        .iter()
-        .filter(|(k, _)| {
-            **k == "security.protocol" || k.starts_with("ssl.") || k.starts_with("sasl.")
-        })
-        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .keys()
+        .filter(|k| **k == "security.protocol" || k.starts_with("ssl.") || k.starts_with("sasl."))
+        .filter_map(|k| Some((k.to_string(), config.get(k)?.to_owned())))
         .collect()
 }
 
@@ -163,5 +164,21 @@ mod properties_tests {
         let shown = format!("{props:?}");
         assert!(!shown.contains("hunter2"), "{shown}");
         assert!(shown.contains("svc"), "{shown}");
+    }
+
+    #[test]
+    fn the_transport_copied_for_a_dead_letter_producer_keeps_the_real_password() {
+        let mut config = super::client_config("broker:9094");
+        config
+            .set("security.protocol", "SASL_SSL")
+            .set("sasl.username", "chatpipe_pipeline")
+            .set("sasl.password", "hunter2-hunter2")
+            .set("group.id", "not-transport");
+        let transport = super::transport_of(&config);
+        let copied = super::apply(super::producer_config("broker:9094"), &transport);
+        assert_eq!(copied.get("sasl.password"), Some("hunter2-hunter2"));
+        assert_eq!(copied.get("sasl.username"), Some("chatpipe_pipeline"));
+        assert_eq!(copied.get("security.protocol"), Some("SASL_SSL"));
+        assert_eq!(copied.get("group.id"), None);
     }
 }
