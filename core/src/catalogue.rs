@@ -124,6 +124,12 @@ pub const METRICS: &[Entry] = &[
     ("audit_outbox_confirmed_total", Counter, "Outbox rows deleted because their events were read on chat.events (a record read twice deletes nothing the second time)."),
     ("audit_outbox_oldest_seconds", Gauge, "Age of the oldest outbox row: an event not confirmed on chat.events (alarm outbox_unconfirmed)."),
     ("audit_outbox_rows_at_most", Gauge, "Outbox rows left, at most (the span of their positions)."),
+    ("audit_postgres_primaries", Gauge, "Servers of audit.postgres_nodes answering as primary (1; more is a split brain)."),
+    ("audit_postgres_standbys", Gauge, "Servers of audit.postgres_nodes answering as standby."),
+    ("audit_postgres_timeline", Gauge, "The WAL timeline the primary writes (it grows at each promotion)."),
+    ("audit_standby_lag_bytes", Gauge, "WAL the primary has and a standby has not replayed, by node."),
+    ("audit_standby_lag_seconds", Gauge, "How long ago the primary was at the oldest position a standby has not replayed, by node."),
+    ("audit_standby_slot_usable", Gauge, "1 while a standby holds a usable (synced, persistent, valid) copy of the connector's slot, by node."),
     // gateway.
     ("gateway_connections", Gauge, "WebSocket connections open."),
     ("gateway_auth_refusals_total", Counter, "WebSocket upgrades refused for a missing, bad or expired token."),

@@ -5,7 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use chatpipe_schemas::ChatEvent;
+use chatpipe_tests::audit::is_firing;
 use chatpipe_tests::stream::{Pipeline, Record};
+use pipeline::audit::alarm;
 use serde_json::Value;
 
 use crate::load::{Load, Report};
@@ -210,4 +212,85 @@ pub async fn old_cursor_stale(p: &Pipeline, cursor: &str) {
         .get(&format!("/sync?since={fresh}"))
         .await
         .expect(200);
+}
+
+/// The role the auditor's report gives `node`.
+fn role_of<'a>(report: &'a Value, node: &str) -> &'a str {
+    report["checks"]["topology"]["nodes"]
+        .as_array()
+        .and_then(|ns| ns.iter().find(|n| n["node"] == node))
+        .and_then(|n| n["role"].as_str())
+        .unwrap_or("missing")
+}
+
+/// Before the fault the auditor, asking both servers, sees one primary and a standby
+/// that holds a usable copy of the test's slot (what `slots_synchronized` read from the
+/// servers themselves); returns the timeline it reports.
+pub async fn auditor_sees_a_safe_standby(w: &World, primary: &Node, standby: &Node) -> i64 {
+    let report = w
+        .audit
+        .until(
+            Duration::from_secs(60),
+            "the auditor: one primary, a standby with a usable slot copy",
+            |r| {
+                let standby_node = r["checks"]["topology"]["nodes"]
+                    .as_array()
+                    .and_then(|ns| ns.iter().find(|n| n["node"] == standby.addr.as_str()));
+                role_of(r, &primary.addr) == "primary"
+                    && standby_node
+                        .is_some_and(|n| n["role"] == "standby" && n["slot"]["usable"] == true)
+                    && !is_firing(r, alarm::SLOT_NOT_SYNCED)
+                    && !is_firing(r, alarm::SPLIT_BRAIN)
+            },
+        )
+        .await;
+    report["checks"]["topology"]["timeline"]
+        .as_i64()
+        .expect("the primary's timeline")
+}
+
+/// After the fault the auditor reports the move: `timeline_changed` fires, the new
+/// primary writes a later timeline, and the old one is its standby.
+pub async fn auditor_saw_the_move(w: &World, timeline: i64, new_primary: &Node) {
+    let report = w
+        .audit
+        .until(RECOVERY, "the auditor reports the new primary", |r| {
+            is_firing(r, alarm::TIMELINE_CHANGED)
+                && role_of(r, &new_primary.addr) == "primary"
+                && r["checks"]["topology"]["timeline"]
+                    .as_i64()
+                    .is_some_and(|t| t > timeline)
+        })
+        .await;
+    eprintln!(
+        "the auditor: timeline {timeline} -> {}, primary {}",
+        report["checks"]["topology"]["timeline"], new_primary.addr
+    );
+}
+
+/// The auditor read chat.events through the fault without a gap, and deleted the
+/// outbox row of every event it read: the new primary's outbox empties.
+pub async fn auditor_confirmed_everything(w: &World, new_primary: &Node) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
+            .fetch_one(&new_primary.pool)
+            .await
+            .expect("the new primary's outbox");
+        if rows == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{rows} outbox rows on the new primary {} not confirmed by the auditor: {:#}",
+            new_primary.addr,
+            w.audit.report().await["checks"]["outbox"]
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let report = w.audit.report().await;
+    assert_eq!(
+        report["counts"]["gaps"], 0,
+        "the auditor's gaps: {report:#}"
+    );
 }

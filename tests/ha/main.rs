@@ -6,8 +6,10 @@
 //! the new primary or differs from it (no phantom), seqs stay gapless, the connector
 //! streams on from its synchronized slot, pushes resume, the client's catch-up has every
 //! message, a member removed just before the fault gets nothing after, the receipts
-//! processor writes to the new primary, and a sync cursor of the old timeline is refused
-//! (409).
+//! processor writes to the new primary, a sync cursor of the old timeline is refused
+//! (409), and the auditor, asking both servers, reports the move (timeline_changed, the
+//! new primary, a usable slot copy on the standby before it), reads chat.events on
+//! without a gap and confirms every outbox row on the new primary.
 //!
 //! Needs the stack in HA mode and its variables (`scripts/stack up --ha`, `eval
 //! "$(scripts/stack env)"`); `scripts/test` does both. Not run by a plain `cargo test`
@@ -19,6 +21,7 @@ mod nodes;
 
 use std::time::{Duration, Instant};
 
+use chatpipe_tests::audit::RunningAudit;
 use chatpipe_tests::push::{Collector, FanoutProcessor, RunningGateway};
 use chatpipe_tests::stack::{one_fault_at_a_time, run_stack as stack};
 use chatpipe_tests::stream::{spawn_pipeline_with, Pipeline, ReceiptsProcessor};
@@ -40,6 +43,8 @@ struct World {
     fanout: FanoutProcessor,
     receipts: ReceiptsProcessor,
     gw: RunningGateway,
+    /// The auditor, with both servers in `audit.postgres_nodes`.
+    audit: RunningAudit,
     conversations: Vec<i64>,
     left_group: i64,
     carol_only: i64,
@@ -53,6 +58,9 @@ impl World {
         let fanout = p.start_fanout(p.fanout_settings());
         let receipts = p.start_receipts(p.receipts_settings());
         let gw = p.start_gateway(p.gateway_settings("gw", 0)).await;
+        let mut settings = p.audit_settings();
+        settings.audit.postgres_nodes = nodes::nodes();
+        let audit = p.start_audit(settings).await;
         let mut conversations = Vec::new();
         for _ in 0..CONVERSATIONS {
             conversations.push(p.app.user(ALICE).create_group(&[BOB]).await);
@@ -69,6 +77,7 @@ impl World {
             fanout,
             receipts,
             gw,
+            audit,
             conversations,
             left_group,
             carol_only,
@@ -79,6 +88,7 @@ impl World {
 
     async fn stop(self) {
         self.gw.stop().await.unwrap();
+        self.audit.stop().await.expect("the auditor stops cleanly");
         self.fanout.stop().unwrap();
         self.receipts.stop().unwrap();
         self.p.cleanup().await;
@@ -99,6 +109,7 @@ async fn fault_under_sends_loses_nothing_and_invents_nothing(command: &'static s
     // connector's position.
     let (old_primary, standby) = primary_and_standby(&w.p).await;
     slots_synchronized(&old_primary, &standby, &w.p.slot).await;
+    let timeline = checks::auditor_sees_a_safe_standby(&w, &old_primary, &standby).await;
     // Carol's member.left is committed just before the fault: it must reach fanout from
     // whichever server streams it.
     w.p.app
@@ -144,6 +155,7 @@ async fn fault_under_sends_loses_nothing_and_invents_nothing(command: &'static s
         RECOVERY * 2
     );
 
+    checks::auditor_saw_the_move(&w, timeline, &new_primary).await;
     checks::member_left_holds(&mut w).await;
     checks::read_reaches(&w, &new_primary, &load).await;
     // Sends go on against the new primary, then stop.
@@ -167,6 +179,7 @@ async fn fault_under_sends_loses_nothing_and_invents_nothing(command: &'static s
     );
     checks::catch_up_complete(&w, &report).await;
     checks::old_cursor_stale(&w.p, &cursor).await;
+    checks::auditor_confirmed_everything(&w, &new_primary).await;
     w.stop().await;
 }
 

@@ -29,6 +29,7 @@ use tokio::time::Instant;
 use super::cluster::{Replication, TaskMoves};
 use super::keeper::{Action, Keeper, KeeperReport};
 use super::outbox::Backlog;
+use super::topology::{Topology, TopologyReport};
 use super::{alarm, Audit};
 use crate::runtime::ReaderHealth;
 use crate::settings::{AuditSettings, Settings};
@@ -49,6 +50,8 @@ pub struct Latest {
     pub replication: Option<Replication>,
     /// What is left in the outbox (`outbox.retain_until_confirmed`).
     pub outbox: Option<Backlog>,
+    /// The primary and its standbys (`audit.postgres_nodes`).
+    pub topology: Option<TopologyReport>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -136,6 +139,7 @@ pub struct Checker {
     cfg: AuditSettings,
     /// `outbox.retain_until_confirmed`: what is left in the outbox is looked at.
     outbox_retained: bool,
+    topology: Option<Topology>,
     audit: Audit,
     health: Arc<ReaderHealth>,
     pool: PgPool,
@@ -166,6 +170,7 @@ impl Checker {
         Ok(Self {
             cfg: settings.audit.clone(),
             outbox_retained: settings.outbox.retain_until_confirmed,
+            topology: Topology::new(settings)?,
             audit,
             health,
             pool,
@@ -205,15 +210,24 @@ impl Checker {
     pub async fn check(&mut self) {
         let now = Instant::now();
         // Concurrently: one that waits for a timeout does not delay the others.
-        let (cdc, slot, connector, answers, dead_letters, replication, outbox) = tokio::join!(
+        let mut topology = self.topology.take();
+        let timeout = Duration::from_millis(self.cfg.probe_timeout_ms);
+        let (cdc, slot, connector, answers, dead_letters, replication, outbox, nodes) = tokio::join!(
             self.cdc_read(),
             self.slot(),
             self.connector(),
             self.probe_answers(),
             self.dead_letters(),
             self.replication(),
-            self.outbox()
+            self.outbox(),
+            async {
+                match &mut topology {
+                    Some(t) => Some(t.read(timeout).await),
+                    None => None,
+                }
+            }
         );
+        self.topology = topology;
         let cdc = cdc.and_then(|read| self.cdc(read, now));
         let probes = self.probes(answers, now);
         let mut connector = connector;
@@ -382,6 +396,9 @@ impl Checker {
         if let Some(backlog) = &outbox {
             backlog.judge(cfg, alarms, now);
         }
+        if let (Some(t), Some(report)) = (&mut self.topology, &nodes) {
+            t.judge(report, cfg, alarms, now);
+        }
         let event_alarm = Duration::from_millis(cfg.event_alarm_ms);
         alarms.expire(event_alarm, now);
 
@@ -394,6 +411,7 @@ impl Checker {
             dead_letters,
             replication,
             outbox,
+            topology: nodes,
         };
     }
 

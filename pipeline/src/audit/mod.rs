@@ -22,6 +22,7 @@ pub mod keeper;
 pub mod ledger;
 pub mod outbox;
 pub mod report;
+pub mod topology;
 
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicBool;
@@ -57,6 +58,11 @@ pub mod alarm {
     pub const OFFLINE_PARTITIONS: &str = "offline_partitions";
     pub const CONNECTOR_TASK_MOVING: &str = "connector_task_moving";
     pub const OUTBOX_UNCONFIRMED: &str = "outbox_unconfirmed";
+    pub const SPLIT_BRAIN: &str = "postgres_split_brain";
+    pub const STANDBY_DOWN: &str = "standby_down";
+    pub const STANDBY_LAG: &str = "standby_lag";
+    pub const SLOT_NOT_SYNCED: &str = "slot_not_synced";
+    pub const TIMELINE_CHANGED: &str = "timeline_changed";
 }
 
 /// What the events reader has counted since the auditor started.
