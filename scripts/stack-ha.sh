@@ -331,6 +331,38 @@ cmd_synchronous() {
   log "postgres: $(ha_name "$p")'s standby is $(ha_sql "$p" "select coalesce(string_agg(application_name || ' ' || sync_state, ', '), 'none') from pg_stat_replication")"
 }
 
+# signal primary|standby STOP|CONT|KILL: the signal to that node's postmaster and every
+# process it started (the fault drill's stalls and kills; `rejoin` brings a killed
+# standby back). CONT goes to both nodes: a stopped one cannot say what it is.
+cmd_signal() {
+  ha_on || die "not in HA mode (scripts/stack up --ha)"
+  local role=${1:-} sig=${2:-} n pid nodes=()
+  case "$role $sig" in
+    "primary STOP"|"primary KILL"|"standby STOP"|"standby KILL") for n in 1 2; do [ "$(ha_state "$n")" = "$role" ] && nodes+=("$n"); done ;;
+    "primary CONT"|"standby CONT") nodes=(1 2) ;;
+    *) die "usage: scripts/stack signal primary|standby STOP|CONT|KILL" ;;
+  esac
+  [ ${#nodes[@]} -gt 0 ] || die "no running $role"
+  for n in "${nodes[@]}"; do
+    [ -s "$(ha_data "$n")/postmaster.pid" ] || continue
+    pid=$(head -n 1 "$(ha_data "$n")/postmaster.pid")
+    kill -0 "$pid" 2>/dev/null || continue
+    pkill "-$sig" -P "$pid" 2>/dev/null || true
+    kill "-$sig" "$pid"
+    log "postgres: SIG$sig to $(ha_name "$n") (postmaster $pid and its processes)"
+  done
+}
+
+# rejoin: both nodes started, the standby streaming (seeded anew if it cannot catch up),
+# synchronous again, the slot copies usable: what `up --ha` does for PostgreSQL alone.
+cmd_rejoin() {
+  ha_on || die "not in HA mode (scripts/stack up --ha)"
+  local t0; t0=$(now)
+  ha_nodes_up
+  ha_slots_synced_wait || true
+  log "postgres: rejoined in $(elapsed "$t0")s"
+}
+
 # failover: what an orchestrator does when the primary's machine is lost. The primary is
 # killed (SIGKILL of the postmaster and its backends, no shutdown checkpoint), the standby
 # promoted and run without a synchronous standby until the old primary is back, then the

@@ -20,13 +20,26 @@ struct Args {
     /// cluster's). The single node's: kill-ingest-api, postgres-restart, broker-stall,
     /// broker-restart, kill-connect, registry-stop, kill-receipts, kill-fanout,
     /// kill-gateway. The cluster's: kill-leader, kill-controller, rolling-restart,
-    /// stall-node, stall-coordinator, kill-worker, restart-workers.
+    /// stall-node, stall-coordinator, kill-worker, restart-workers. PostgreSQL's with a
+    /// standby: pg-failover, pg-switchover, pg-standby-killed, pg-stall.
     #[arg(long, value_delimiter = ',')]
     faults: Vec<String>,
     /// The faults of the Kafka and Connect clusters (scripts/drill --cluster points the
     /// services at them).
     #[arg(long)]
     cluster: bool,
+    /// The faults of PostgreSQL with a synchronous standby (scripts/drill --ha runs
+    /// scripts/stack up --ha first): pg-failover, pg-switchover, pg-standby-killed,
+    /// pg-stall.
+    #[arg(long)]
+    ha: bool,
+    /// How long pg-stall stops the primary.
+    #[arg(long, default_value_t = 30)]
+    pg_stall_secs: u64,
+    /// How long commits wait for a killed standby before synchronous replication is
+    /// switched off (the orchestrator's decision).
+    #[arg(long, default_value_t = 10)]
+    standby_grace_secs: u64,
     /// Seconds of load after each fault before it is audited.
     #[arg(long, default_value_t = 60)]
     settle_secs: u64,
@@ -60,7 +73,9 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let faults = if args.faults.is_empty() && args.cluster {
+    let faults = if args.faults.is_empty() && args.ha {
+        Fault::HA.to_vec()
+    } else if args.faults.is_empty() && args.cluster {
         Fault::CLUSTER.to_vec()
     } else if args.faults.is_empty() {
         Fault::ALL.to_vec()
@@ -84,6 +99,8 @@ async fn main() -> anyhow::Result<()> {
             registry_down: Duration::from_secs(args.registry_down_secs),
             restart_after: Duration::from_secs(5),
             node_down: Duration::from_secs(args.node_down_secs),
+            pg_stall: Duration::from_secs(args.pg_stall_secs),
+            standby_grace: Duration::from_secs(args.standby_grace_secs),
         },
         bins: Bins::in_dir(&args.bins),
         out: args.out,

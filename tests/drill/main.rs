@@ -38,6 +38,8 @@ async fn a_short_drill_of_three_faults_under_load_loses_nothing() {
             registry_down: Duration::from_secs(60),
             restart_after: Duration::from_secs(5),
             node_down: Duration::from_secs(30),
+            pg_stall: Duration::from_secs(30),
+            standby_grace: Duration::from_secs(10),
         },
         bins: Bins {
             ingest_api: bin("CHATPIPE_INGEST_API_BIN"),

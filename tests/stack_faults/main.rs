@@ -11,25 +11,16 @@ mod registry;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use chatpipe_schemas::ChatEvent;
 use chatpipe_tests::stack::component_pid as stack_pid;
 pub use chatpipe_tests::stack::{one_fault_at_a_time, run_stack as stack, signal, StartOnPanic};
-use chatpipe_tests::stream::{spawn_pipeline, wait_until_streaming, Record};
+use chatpipe_tests::stream::{spawn_pipeline, wait_until_streaming};
 use serde_json::json;
 
 fn connect_pid() -> i32 {
     stack_pid("connect")
 }
 
-pub fn messages(records: &[Record]) -> Vec<(i64, i64)> {
-    records
-        .iter()
-        .filter_map(|r| match &r.event {
-            ChatEvent::MessageNew(m) => Some((m.conversation_id.get(), m.seq.get())),
-            _ => None,
-        })
-        .collect()
-}
+pub use chatpipe_tests::stream::messages;
 
 #[tokio::test]
 async fn kafka_connect_killed_with_sigkill_mid_stream_loses_no_event() {

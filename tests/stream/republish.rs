@@ -9,23 +9,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use chatpipe_schemas::ChatEvent;
 use chatpipe_tests::audit::is_firing;
 use chatpipe_tests::stack::repo_root;
-use chatpipe_tests::stream::{connect_url, spawn_pipeline, Pipeline, Record};
+use chatpipe_tests::stream::{connect_url, messages, spawn_pipeline, Pipeline, Record};
 use pipeline::audit::alarm;
 use sqlx::PgPool;
-
-/// (conversation, seq) of every message.new, in the order the topic gave them.
-fn messages(records: &[Record]) -> Vec<(i64, i64)> {
-    records
-        .iter()
-        .filter_map(|r| match &r.event {
-            ChatEvent::MessageNew(m) => Some((m.conversation_id.get(), m.seq.get())),
-            _ => None,
-        })
-        .collect()
-}
 
 async fn outbox_rows(pool: &PgPool) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM outbox")

@@ -51,6 +51,18 @@ pub struct Record {
     pub event: ChatEvent,
 }
 
+/// (conversation, seq) of every message.new among `records`, in the order the topic gave
+/// them.
+pub fn messages(records: &[Record]) -> Vec<(i64, i64)> {
+    records
+        .iter()
+        .filter_map(|r| match &r.event {
+            ChatEvent::MessageNew(m) => Some((m.conversation_id.get(), m.seq.get())),
+            _ => None,
+        })
+        .collect()
+}
+
 pub struct Pipeline {
     pub app: TestApp,
     pub ns: String,

@@ -17,6 +17,9 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 pub struct Topic {
     /// (conversation, seq) -> how many times it was read.
     pub messages: HashMap<(i64, i64), u32>,
+    /// (conversation, seq, clientMsgId) of every message.new read: a phantom (an event of
+    /// a transaction the new primary never had) is one PostgreSQL has no such row for.
+    pub sent: BTreeSet<(i64, i64, uuid::Uuid)>,
     /// Highest `read.updated` per (conversation, user), and how often one went lower.
     pub watermarks: HashMap<(i64, i64), i64>,
     pub regressions: u64,
@@ -144,6 +147,7 @@ pub fn follow(
                 ChatEvent::MessageNew(e) => {
                     let key = (e.conversation_id.get(), e.seq.get());
                     *t.messages.entry(key).or_default() += 1;
+                    t.sent.insert((key.0, key.1, e.client_msg_id));
                     t.first_seen.entry(key).or_insert(now);
                 }
                 ChatEvent::ReadUpdated(e) => {

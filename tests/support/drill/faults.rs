@@ -49,6 +49,19 @@ pub enum Fault {
     KillWorker,
     /// Both Connect workers restarted one after the other, each once the task runs again.
     RestartWorkers,
+    // With a synchronous standby (`scripts/drill --ha`): recovery timed from the start.
+    /// SIGKILL of the primary; the standby promoted; the old primary seeded anew as its
+    /// standby (`scripts/stack failover`).
+    PgFailover,
+    /// The primary stopped cleanly, the standby promoted, the old primary following it.
+    PgSwitchover,
+    /// SIGKILL of the standby: every commit waits for it (synchronous_standby_names).
+    /// After `standby_grace` the orchestrator's decision, `scripts/stack synchronous off`
+    /// (commits go on, on one server), then the standby is brought back and synchronous
+    /// again (`scripts/stack rejoin`).
+    PgStandbyKilled,
+    /// SIGSTOP of the primary's processes for `pg_stall`, then SIGCONT; no promotion.
+    PgStall,
 }
 
 impl Fault {
@@ -76,6 +89,13 @@ impl Fault {
         Fault::KillWorker,
         Fault::RestartWorkers,
     ];
+    /// Every fault of PostgreSQL with a synchronous standby, in order.
+    pub const HA: [Fault; 4] = [
+        Fault::PgFailover,
+        Fault::PgSwitchover,
+        Fault::PgStandbyKilled,
+        Fault::PgStall,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -95,6 +115,10 @@ impl Fault {
             Fault::StallCoordinator => "stall-coordinator",
             Fault::KillWorker => "kill-worker",
             Fault::RestartWorkers => "restart-workers",
+            Fault::PgFailover => "pg-failover",
+            Fault::PgSwitchover => "pg-switchover",
+            Fault::PgStandbyKilled => "pg-standby-killed",
+            Fault::PgStall => "pg-stall",
         }
     }
 
@@ -102,6 +126,7 @@ impl Fault {
         Fault::ALL
             .into_iter()
             .chain(Fault::CLUSTER)
+            .chain(Fault::HA)
             .find(|f| f.name() == name)
     }
 
@@ -109,6 +134,11 @@ impl Fault {
     /// recovery is timed from its start (on the single node, from its end).
     pub fn on_cluster(self) -> bool {
         Fault::CLUSTER.contains(&self)
+    }
+
+    /// A fault of PostgreSQL with a standby (`scripts/stack up --ha`).
+    pub fn on_ha(self) -> bool {
+        Fault::HA.contains(&self)
     }
 }
 
@@ -122,6 +152,11 @@ pub struct Durations {
     pub restart_after: Duration,
     /// How long a killed cluster node stays down (the cluster runs on two meanwhile).
     pub node_down: Duration,
+    /// How long PostgreSQL's primary is stopped (SIGSTOP).
+    pub pg_stall: Duration,
+    /// How long commits wait for a killed standby before synchronous replication is
+    /// switched off (Patroni's synchronous_mode decides within a loop, ~10 s).
+    pub standby_grace: Duration,
 }
 
 /// What the cluster faults need to know: the brokers, the connector, and the topics whose
@@ -208,6 +243,9 @@ pub async fn inject(
 ) -> Injected {
     if fault.on_cluster() {
         return inject_on_cluster(fault, stack, cluster, d).await;
+    }
+    if fault.on_ha() {
+        return inject_on_ha(fault, stack, d).await;
     }
     let ended = match fault {
         Fault::KillIngestApi => restart(services, INGEST[0], d).await,
@@ -340,6 +378,55 @@ async fn inject_on_cluster(fault: Fault, stack: &Stack, c: &Cluster, d: Duration
             format!("task running again after: {}", took.join(", "))
         }
         single => unreachable!("{single:?} is injected on the single node"),
+    };
+    Injected {
+        from: started,
+        what,
+    }
+}
+
+/// PostgreSQL's faults with a standby, through `scripts/stack` (which knows the nodes).
+async fn inject_on_ha(fault: Fault, stack: &Stack, d: Durations) -> Injected {
+    let started = Instant::now();
+    let took = |t: Instant| format!("{:.1} s", t.elapsed().as_secs_f64());
+    let what = match fault {
+        Fault::PgFailover => {
+            stack.run(&["failover"]).await;
+            format!(
+                "primary killed, standby promoted, old primary rejoined: {}",
+                took(started)
+            )
+        }
+        Fault::PgSwitchover => {
+            stack.run(&["switchover"]).await;
+            format!(
+                "primary stopped, standby promoted, old primary following: {}",
+                took(started)
+            )
+        }
+        Fault::PgStandbyKilled => {
+            stack.run(&["signal", "standby", "KILL"]).await;
+            tokio::time::sleep(d.standby_grace).await;
+            stack.run(&["synchronous", "off"]).await;
+            let off = took(started);
+            let t = Instant::now();
+            stack.run(&["rejoin"]).await;
+            format!(
+                "commits waited until synchronous off at {off}; standby back and synchronous in {}",
+                took(t)
+            )
+        }
+        Fault::PgStall => {
+            stack.run(&["signal", "primary", "STOP"]).await;
+            tokio::time::sleep(d.pg_stall).await;
+            stack.run(&["signal", "primary", "CONT"]).await;
+            // As on the single node: timed from the end of the stall.
+            return Injected {
+                from: Instant::now(),
+                what: format!("primary stopped {} s", d.pg_stall.as_secs()),
+            };
+        }
+        other => unreachable!("{other:?} is not a PostgreSQL fault"),
     };
     Injected {
         from: started,

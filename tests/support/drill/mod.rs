@@ -77,6 +77,9 @@ pub struct Row {
     /// chat.events like acknowledged ones).
     pub abandoned_committed: u64,
     pub missing_on_topic: u64,
+    /// message.new events on chat.events that PostgreSQL does not hold (see
+    /// `Audit::phantoms`).
+    pub phantoms: u64,
     pub gaps: u64,
     pub duplicates: u64,
     pub regressions: u64,
@@ -136,6 +139,7 @@ impl Row {
     pub fn lost(&self) -> u64 {
         self.missing_in_postgres
             + self.missing_on_topic
+            + self.phantoms
             + self.gaps
             + self.regressions
             + self.non_member_frames
@@ -172,6 +176,13 @@ pub async fn run(cfg: Config) -> Vec<Row> {
         nodes: env.brokers.split(',').count(),
         workers: crate::cluster::workers().len(),
     };
+    if cfg.faults.iter().any(|f| f.on_ha()) {
+        let nodes = std::env::var("CHATPIPE_PG_NODES").unwrap_or_default();
+        assert!(
+            nodes.split(',').filter(|n| !n.is_empty()).count() == 2,
+            "the PostgreSQL faults need a standby (scripts/drill --ha): CHATPIPE_PG_NODES={nodes:?}"
+        );
+    }
     if cfg.faults.iter().any(|f| f.on_cluster()) {
         assert!(
             cluster.nodes >= 3 && cluster.workers >= 2,
@@ -415,6 +426,7 @@ impl Audit {
             tokio::time::sleep(Duration::from_millis(250)).await;
         };
         let missing_in_postgres = self.missing_in_postgres(&acked).await;
+        let phantoms = self.phantoms().await;
         // Every client catches up over REST (as after a reconnect), then must hold every
         // acknowledged seq of its conversations.
         futures::stream::iter(self.world.users())
@@ -488,6 +500,7 @@ impl Audit {
             missing_in_postgres,
             abandoned_committed: abandoned.len() as u64,
             missing_on_topic,
+            phantoms,
             gaps,
             duplicates,
             regressions,
@@ -546,10 +559,35 @@ impl Audit {
     }
 
     /// Acknowledged sends without their row (conversation, seq, clientMsgId) in PostgreSQL.
+    /// message.new events of the drill's conversations on chat.events whose
+    /// (conversation, seq, clientMsgId) PostgreSQL does not hold: events of a transaction
+    /// the primary now serving never had (a promoted standby that lacked it), whose seq
+    /// it may give to another message.
+    async fn phantoms(&self) -> u64 {
+        let on_topic: Vec<(i64, i64, uuid::Uuid)> = {
+            let t = self.topic.lock().unwrap();
+            t.sent
+                .iter()
+                .filter(|(c, _, _)| self.conversations.contains(c))
+                .copied()
+                .collect()
+        };
+        self.not_in_postgres(&on_topic).await
+    }
+
     async fn missing_in_postgres(&self, acked: &[load::Ack]) -> u64 {
-        let conversations: Vec<i64> = acked.iter().map(|a| a.conversation).collect();
-        let seqs: Vec<i64> = acked.iter().map(|a| a.seq).collect();
-        let ids: Vec<uuid::Uuid> = acked.iter().map(|a| a.client_msg_id).collect();
+        let messages: Vec<(i64, i64, uuid::Uuid)> = acked
+            .iter()
+            .map(|a| (a.conversation, a.seq, a.client_msg_id))
+            .collect();
+        self.not_in_postgres(&messages).await
+    }
+
+    /// How many of `messages` (conversation, seq, clientMsgId) PostgreSQL has no row of.
+    async fn not_in_postgres(&self, messages: &[(i64, i64, uuid::Uuid)]) -> u64 {
+        let conversations: Vec<i64> = messages.iter().map(|m| m.0).collect();
+        let seqs: Vec<i64> = messages.iter().map(|m| m.1).collect();
+        let ids: Vec<uuid::Uuid> = messages.iter().map(|m| m.2).collect();
         for _ in 0..120 {
             let found: Result<i64, _> = sqlx::query_scalar(
                 "SELECT count(*) FROM unnest($1::bigint[], $2::bigint[], $3::uuid[]) AS a(c, s, id)
@@ -561,7 +599,7 @@ impl Audit {
             .fetch_one(&self.pool)
             .await;
             match found {
-                Ok(found) => return acked.len() as u64 - found as u64,
+                Ok(found) => return messages.len() as u64 - found as u64,
                 // PostgreSQL restarting (a drill fault): ask again.
                 Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
             }
@@ -575,13 +613,13 @@ pub fn print_row(r: &Row) {
     static HEADER: std::sync::Once = std::sync::Once::new();
     HEADER.call_once(|| {
         eprintln!(
-            "| fault | acked (phase) | sends/s (asked) | abandoned (committed) | missing PG | missing topic | gaps | dups | regressions | non-member frames | WS missing | topic back (s) | push back (s) | slowest to topic (s) | later than 2 s | slowest push (s) | pushes later than 2 s | pushed | pushed by gw 0 / gw 1 after recovery | alarms | fails | what |"
+            "| fault | acked (phase) | sends/s (asked) | abandoned (committed) | missing PG | missing topic | phantoms | gaps | dups | regressions | non-member frames | WS missing | topic back (s) | push back (s) | slowest to topic (s) | later than 2 s | slowest push (s) | pushes later than 2 s | pushed | pushed by gw 0 / gw 1 after recovery | alarms | fails | what |"
         );
-        eprintln!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        eprintln!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     });
     let secs = |s: Option<f64>| s.map_or("-".to_owned(), |s| format!("{s:.1}"));
     eprintln!(
-        "| {} | {} ({}) | {:.0} ({}) | {} ({}) | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0}% | {} | {} | {} | {} |",
+        "| {} | {} ({}) | {:.0} ({}) | {} ({}) | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0}% | {} | {} | {} | {} |",
         r.fault,
         r.acked,
         r.acked_in_phase,
@@ -591,6 +629,7 @@ pub fn print_row(r: &Row) {
         r.abandoned_committed,
         r.missing_in_postgres,
         r.missing_on_topic,
+        r.phantoms,
         r.gaps,
         r.duplicates,
         r.regressions,

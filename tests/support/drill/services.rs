@@ -188,6 +188,17 @@ pub fn specs(bins: &Bins, env: &Env) -> Vec<Spec> {
     ));
     e.push(("CHATPIPE_AUDIT__SLOT".into(), env.slot.clone()));
     e.push(("CHATPIPE_AUDIT__CHECK_INTERVAL_MS".into(), "1000".into()));
+    // With a standby (scripts/stack up --ha), each server asked directly: the topology.
+    let nodes: Vec<String> = std::env::var("CHATPIPE_PG_NODES")
+        .unwrap_or_default()
+        .split(',')
+        .filter(|n| !n.is_empty())
+        .map(|n| format!("\"{n}\""))
+        .collect();
+    e.push((
+        "CHATPIPE_AUDIT__POSTGRES_NODES".into(),
+        format!("[{}]", nodes.join(",")),
+    ));
     e.push((
         "CHATPIPE_AUDIT__PROBES".into(),
         format!("[{}]", probes.join(",")),
