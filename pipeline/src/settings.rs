@@ -117,6 +117,11 @@ pub struct AuditSettings {
     pub outbox_confirm_batch: usize,
     pub outbox_confirm_interval_ms: u64,
     pub outbox_unconfirmed_alert_ms: u64,
+    pub postgres_nodes: Vec<String>,
+    pub standby_down_alert_ms: u64,
+    pub standby_lag_alert_bytes: i64,
+    pub standby_lag_alert_ms: u64,
+    pub slot_sync_alert_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
