@@ -264,6 +264,18 @@ async fn changelog_members(topic: &str, partition: i32, conversation: i64) -> Op
     .unwrap()
 }
 
+/// The partition of `conversation`'s events (and so of its changelog entry).
+async fn changelog_partition(p: &chatpipe_tests::stream::Pipeline, conversation: i64) -> i32 {
+    p.consume_until(Duration::from_secs(30), |rs| {
+        rs.iter().any(|r| r.key == conversation.to_string())
+    })
+    .await
+    .into_iter()
+    .find(|r| r.key == conversation.to_string())
+    .expect("a record of the conversation")
+    .partition
+}
+
 /// A changelog entry the broker refuses is written again, never dropped: while it is
 /// refused (the changelog topic's `max.message.bytes` set below any record) the offsets
 /// after it are not committed, and once the broker takes records again the changelog
@@ -292,6 +304,18 @@ async fn a_changelog_entry_the_broker_refuses_is_written_again_and_holds_the_off
     bob_ws
         .until(PUSH_DEADLINE, is_message(conversation, first))
         .await;
+    // The group's entry is written on a tick after its events: wait for it first.
+    let written = std::time::Instant::now() + Duration::from_secs(30);
+    let partition = changelog_partition(&p, conversation).await;
+    while changelog_members(&changelog, partition, conversation).await
+        != Some(vec![alice, bob, carol])
+    {
+        assert!(
+            std::time::Instant::now() < written,
+            "the group's changelog entry was not written within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 
     set_topic_config(&changelog, "max.message.bytes", "1").await;
     p.app

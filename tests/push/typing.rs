@@ -169,7 +169,11 @@ async fn typing_reaches_the_other_online_members_and_nothing_is_stored() {
     // (its message.new row, kept until an auditor confirms it): bob's send, nothing else.
     assert_eq!(changed, vec![0, 1, 2, 4], "{stored:?} -> {stored_after:?}");
     assert_eq!(stored_after[2].0, stored[2].0 + 1);
-    assert_eq!(stored_after[4].0, stored[4].0 + 1, "one outbox row: bob's message.new");
+    assert_eq!(
+        stored_after[4].0,
+        stored[4].0 + 1,
+        "one outbox row: bob's message.new"
+    );
     gw.stop().await.unwrap();
     p.cleanup().await;
 }
