@@ -198,23 +198,11 @@ async fn the_membership_changes_of_one_tick_are_one_changelog_write_per_conversa
     p.cleanup().await;
 }
 
-/// The committed offset of `group` on `partition` of `topic` (-1: none).
+/// The committed offset of `group` on `partition` of `topic` (0: none).
 async fn committed(group: &str, topic: &str, partition: i32) -> i64 {
     let (group, topic) = (group.to_owned(), topic.to_owned());
     tokio::task::spawn_blocking(move || {
-        let consumer: chatpipe_core::kafka::BaseConsumer =
-            chatpipe_core::kafka::consumer_config(&brokers(), &group)
-                .create_guarded()
-                .expect("Kafka consumer");
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition(&topic, partition);
-        let offsets = consumer
-            .committed_offsets(tpl, Duration::from_secs(10))
-            .expect("the group's committed offsets");
-        match offsets.elements()[0].offset() {
-            Offset::Offset(o) => o,
-            _ => -1,
-        }
+        chatpipe_tests::stream::committed(&group, &topic)[partition as usize]
     })
     .await
     .unwrap()

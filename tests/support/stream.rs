@@ -758,9 +758,8 @@ pub async fn close_consumer<C: Send + 'static>(consumer: C, what: &str) {
     }
 }
 
-/// Partitions of `topic` where `group`'s committed offset is behind the end: (partition,
-/// committed, end).
-pub fn behind(group: &str, topic: &str) -> Vec<(i32, i64, i64)> {
+/// `group`'s committed offset on each partition of `topic` (0 where it has none).
+pub fn committed(group: &str, topic: &str) -> Vec<i64> {
     let consumer: chatpipe_core::kafka::BaseConsumer =
         chatpipe_core::kafka::consumer_config(&brokers(), group)
             .create_guarded()
@@ -774,17 +773,31 @@ pub fn behind(group: &str, topic: &str) -> Vec<(i32, i64, i64)> {
         wanted.add_partition(topic, p);
     }
     let committed = consumer
-        .committed_offsets(wanted, Duration::from_secs(5))
+        .committed_offsets(wanted, Duration::from_secs(10))
         .expect("committed offsets");
+    (0..partitions)
+        .map(
+            |p| match committed.find_partition(topic, p).map(|e| e.offset()) {
+                Some(rdkafka::Offset::Offset(o)) => o,
+                _ => 0,
+            },
+        )
+        .collect()
+}
+
+/// Partitions of `topic` where `group`'s committed offset is behind the end: (partition,
+/// committed, end).
+pub fn behind(group: &str, topic: &str) -> Vec<(i32, i64, i64)> {
+    let ends: chatpipe_core::kafka::BaseConsumer =
+        chatpipe_core::kafka::consumer_config(&brokers(), &format!("{group}-ends"))
+            .create_guarded()
+            .expect("Kafka consumer");
     let mut behind = Vec::new();
-    for p in 0..partitions {
-        let (_, high) = consumer
+    for (p, at) in committed(group, topic).into_iter().enumerate() {
+        let p = p as i32;
+        let (_, high) = ends
             .fetch_watermarks(topic, p, Duration::from_secs(5))
             .expect("watermarks");
-        let at = match committed.find_partition(topic, p).map(|e| e.offset()) {
-            Some(rdkafka::Offset::Offset(o)) => o,
-            _ => 0,
-        };
         if at < high {
             behind.push((p, at, high));
         }

@@ -27,7 +27,7 @@ use super::alarms::Alarms;
 use crate::settings::{AuditSettings, Settings};
 
 /// One node's answer.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeReport {
     /// `host:port` as configured.
@@ -163,46 +163,39 @@ impl Topology {
         }
         let mut report = TopologyReport::default();
         for (node, answer) in self.nodes.iter().zip(answers) {
+            let base = NodeReport {
+                node: node.addr.clone(),
+                ..NodeReport::default()
+            };
             report.nodes.push(match answer {
                 Err(error) => NodeReport {
-                    node: node.addr.clone(),
                     role: "down",
-                    timeline: None,
-                    lsn: None,
-                    lag_bytes: None,
-                    lag_seconds: None,
-                    slot: None,
                     error: Some(error),
+                    ..base
                 },
                 Ok(((false, lsn, timeline), _)) => {
-                    report.primaries += 1;
                     report.timeline = timeline;
                     NodeReport {
-                        node: node.addr.clone(),
                         role: "primary",
                         timeline,
                         lsn: Some(lsn),
-                        lag_bytes: None,
-                        lag_seconds: None,
-                        slot: None,
-                        error: None,
+                        ..base
                     }
                 }
-                Ok(((true, replayed, timeline), slot)) => {
-                    report.standbys += 1;
-                    NodeReport {
-                        node: node.addr.clone(),
-                        role: "standby",
-                        timeline,
-                        lsn: Some(replayed),
-                        lag_bytes: primary_lsn.map(|p| (p - replayed).max(0)),
-                        lag_seconds: primary_lsn.map(|_| self.lag_seconds(replayed, now)),
-                        slot: Some(slot),
-                        error: None,
-                    }
-                }
+                Ok(((true, replayed, timeline), slot)) => NodeReport {
+                    role: "standby",
+                    timeline,
+                    lsn: Some(replayed),
+                    lag_bytes: primary_lsn.map(|p| (p - replayed).max(0)),
+                    lag_seconds: primary_lsn.map(|_| self.lag_seconds(replayed, now)),
+                    slot,
+                    ..base
+                },
             });
         }
+        let count = |role| report.nodes.iter().filter(|n| n.role == role).count();
+        report.primaries = count("primary");
+        report.standbys = count("standby");
         report
     }
 
@@ -338,8 +331,13 @@ fn nodes_with(report: &TopologyReport, role: &str) -> String {
     }
 }
 
-async fn ask(pool: &PgPool, slot: &str) -> Result<(Answer, SlotCopy), sqlx::Error> {
+/// What a node says, and a standby's copy of the slot (a primary's own slot is the
+/// checker's business: `checks::Slot`).
+async fn ask(pool: &PgPool, slot: &str) -> Result<(Answer, Option<SlotCopy>), sqlx::Error> {
     let answer: Answer = sqlx::query_as(NODE_QUERY).fetch_one(pool).await?;
+    if !answer.0 {
+        return Ok((answer, None));
+    }
     let copy: Option<(bool, bool, bool)> = sqlx::query_as(SLOT_QUERY)
         .bind(slot)
         .fetch_optional(pool)
@@ -360,7 +358,7 @@ async fn ask(pool: &PgPool, slot: &str) -> Result<(Answer, SlotCopy), sqlx::Erro
             usable: false,
         },
     };
-    Ok((answer, slot))
+    Ok((answer, Some(slot)))
 }
 
 #[cfg(test)]
