@@ -4,7 +4,7 @@
 use apache_avro::types::Value;
 use apache_avro::Schema;
 
-use crate::avro::{long, read_with, record, CodecError, Fields, Framed};
+use crate::avro::{long, opt_long, read_with, record, CodecError, Fields, Framed};
 use crate::{ConversationId, UserId};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -14,6 +14,9 @@ pub struct FanoutMembers {
     /// The members who are the group's admins.
     pub admin_ids: Vec<UserId>,
     pub events_offset: i64,
+    /// PostgreSQL's `conversation.membership_version` this entry reflects (`None`:
+    /// written before versions existed, or by a version that did not know it).
+    pub membership_version: Option<i64>,
 }
 
 #[derive(Debug, Clone)]
@@ -39,6 +42,7 @@ impl FanoutMembersCodec {
                 "adminIds",
                 Value::Array(m.admin_ids.iter().map(|u| long(*u)).collect()),
             ),
+            ("membershipVersion", opt_long(m.membership_version)),
         ]))
     }
 }
@@ -57,6 +61,7 @@ impl FanoutMembers {
             } else {
                 Vec::new()
             },
+            membership_version: f.opt_long("membershipVersion")?,
         })
     }
 }
@@ -73,6 +78,7 @@ mod tests {
             user_ids: vec![UserId::of(1), UserId::of(5), UserId::of(9)],
             admin_ids: vec![UserId::of(5)],
             events_offset: 40_000,
+            membership_version: Some(3),
         };
         let bytes = codec.encode(&m);
         assert_eq!(

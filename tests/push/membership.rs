@@ -166,6 +166,93 @@ async fn a_member_removed_while_online_stops_at_member_left_and_one_added_starts
     p.cleanup().await;
 }
 
+/// A membership change whose event never reached chat.events (lost with the WAL that
+/// carried it: a slot dropped, a failover without failover slots) cannot keep a removed
+/// member on fanout's list. Carol is removed in PostgreSQL with no event; the next
+/// message carries the conversation's new membership version (the `membershipVersion`
+/// header, from `conversation.membership_version`), fanout sees its list is behind and
+/// loads it again: bob gets the message, carol does not, and the changelog entry a
+/// restart would trust no longer lists her. Witnesses: what each WebSocket received, the
+/// record's header against PostgreSQL's row, the changelog topic.
+#[tokio::test]
+async fn a_member_removed_without_an_event_is_dropped_at_the_next_event_of_a_newer_version() {
+    let p = spawn_pipeline().await;
+    let gw = p.start_gateway(p.gateway_settings("gw", 0)).await;
+    let settings = p.fanout_settings();
+    let changelog = settings.fanout.changelog_topic.clone();
+    let fanout = p.start_fanout(settings);
+    let (alice, bob, carol) = (1, 2, 3);
+    let group = p.app.user(alice).create_group(&[bob, carol]).await;
+    let mut bob_ws = p.connect(&gw.url, bob).await;
+    let mut carol_ws = p.connect(&gw.url, carol).await;
+    fanout.wait_online(&[bob, carol], PRESENCE_DEADLINE).await;
+    let first = p.app.user(alice).send_message(group, "all three").await;
+    bob_ws.until(PUSH_DEADLINE, is_message(group, first)).await;
+    carol_ws
+        .until(PUSH_DEADLINE, is_message(group, first))
+        .await;
+
+    // The lost event: the row is gone, no outbox row says so.
+    let removed =
+        sqlx::query("DELETE FROM conversation_member WHERE conversation_id = $1 AND user_id = $2")
+            .bind(group)
+            .bind(carol)
+            .execute(&p.app.pool)
+            .await
+            .unwrap();
+    assert_eq!(removed.rows_affected(), 1);
+    let version: i64 =
+        sqlx::query_scalar("SELECT membership_version FROM conversation WHERE id = $1")
+            .bind(group)
+            .fetch_one(&p.app.pool)
+            .await
+            .unwrap();
+
+    let after = p.app.user(alice).send_message(group, "carol is gone").await;
+    bob_ws.until(PUSH_DEADLINE, is_message(group, after)).await;
+    let record = p
+        .consume_until(Duration::from_secs(30), |rs| {
+            rs.iter().any(|r| is_new(r, group, after))
+        })
+        .await
+        .into_iter()
+        .find(|r| is_new(r, group, after))
+        .expect("the message on chat.events");
+    assert_eq!(
+        record.headers.get("membershipVersion"),
+        Some(&version.to_string()),
+        "the record carries the version PostgreSQL's row has"
+    );
+
+    // Whatever carol was sent about the group would reach her before a marker sent now
+    // (one deliveries partition, read in order).
+    let marker = p.app.user(alice).create_group(&[carol]).await;
+    let marker_seq = p.app.user(alice).send_message(marker, "marker").await;
+    let (_, since) = carol_ws
+        .until(PUSH_DEADLINE, is_message(marker, marker_seq))
+        .await;
+    assert!(
+        since.iter().all(|f| f["conversationId"] != group),
+        "carol got the group's pushes after she was removed: {since:?}"
+    );
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    while changelog_members(&changelog, record.partition, group).await != Some(vec![alice, bob]) {
+        assert!(
+            std::time::Instant::now() < until,
+            "the changelog entry still lists carol after 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    fanout.stop().unwrap();
+    gw.stop().await.unwrap();
+    p.cleanup().await;
+}
+
+fn is_new(r: &chatpipe_tests::stream::Record, conversation: i64, seq: i64) -> bool {
+    matches!(&r.event, ChatEvent::MessageNew(m)
+        if m.conversation_id.get() == conversation && m.seq.get() == seq)
+}
+
 /// Membership changes of one conversation within one tick are one changelog write: a
 /// group made with 150 members in one call is 151 membership events (its creation and
 /// 150 joins), written as one entry, not 151 growing ones. Counted from the changelog

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use rdkafka::message::{Headers, Message};
+use rdkafka::message::Message;
 use serde::Serialize;
 use sqlx::PgPool;
 use tokio::runtime::Handle;
@@ -25,18 +25,13 @@ use uuid::Uuid;
 
 use super::alarm;
 use super::alarms::Alarms;
+use crate::runtime::schemas::header_text;
 use crate::runtime::Failure;
 use crate::settings::AuditSettings;
 
 /// The outbox row a `chat.events` record came from: the EventRouter's `id` header.
 pub fn row_id(message: &impl Message) -> Option<Uuid> {
-    let headers = message.headers()?;
-    headers
-        .iter()
-        .find(|h| h.key == "id")
-        .and_then(|h| h.value)
-        .and_then(|v| std::str::from_utf8(v).ok())
-        .and_then(|v| Uuid::parse_str(v).ok())
+    header_text(message, "id").and_then(|v| Uuid::parse_str(v).ok())
 }
 
 /// Deletes the rows of the events read, in batches, and releases their offsets after.

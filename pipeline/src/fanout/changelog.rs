@@ -37,6 +37,7 @@ impl Changelog {
                 user_ids: users,
                 admin_ids: admins,
                 events_offset: e.offset,
+                membership_version: e.version,
             })
         })
     }
@@ -102,6 +103,7 @@ impl Changelog {
                                         members: e.user_ids.into_iter().collect(),
                                         admins: e.admin_ids.into_iter().collect(),
                                         offset: e.events_offset,
+                                        version: e.membership_version,
                                     },
                                 );
                             }

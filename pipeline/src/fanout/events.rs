@@ -18,7 +18,7 @@ use super::changelog::Changelog;
 use super::commits::{ChangelogWrite, ChangelogWrites, DeliveryReport, PendingOffsets, Unacked};
 use super::members::{Change, Conversation, Members};
 use super::plan::{self, Coalescer, Routed};
-use super::{key_conversation, now_ms, Status};
+use super::{key_conversation, now_ms, Status, Versioned};
 use crate::runtime::{Failure, Position, Processor, WriterSchemas};
 use crate::settings::FanoutSettings;
 
@@ -57,13 +57,14 @@ pub struct Fanout {
 }
 
 impl Processor for Fanout {
-    type Record = ChatEvent;
+    type Record = Versioned;
 
-    fn apply(&mut self, at: Position, event: ChatEvent) -> Result<(), Failure> {
+    fn apply(&mut self, at: Position, record: Versioned) -> Result<(), Failure> {
         if !self.restored.contains(&at.partition) {
             self.restore(at.partition)?;
         }
-        self.fan_out(at, &event)?;
+        self.check_version(at, &record)?;
+        self.fan_out(at, &record.event, record.membership_version)?;
         self.offsets.read(at.partition, at.offset);
         self.status.events.fetch_add(1, Ordering::Relaxed);
         Ok(())
@@ -276,7 +277,37 @@ impl Fanout {
         Ok(())
     }
 
-    fn fan_out(&mut self, at: Position, event: &ChatEvent) -> Result<(), Failure> {
+    /// An event newer than the cached member list proves a membership change the store
+    /// never saw (its event was lost): the list is loaded from PostgreSQL again, and its
+    /// changelog entry rewritten, before the event is applied.
+    fn check_version(&mut self, at: Position, record: &Versioned) -> Result<(), Failure> {
+        let conversation = record.event.conversation_id();
+        let Some(version) = record.membership_version else {
+            return Ok(());
+        };
+        if !self.members.behind(conversation, version, &record.event) {
+            return Ok(());
+        }
+        let had = self.members.entry(conversation).and_then(|e| e.version);
+        tracing::warn!(
+            %conversation,
+            cached_version = ?had,
+            event_version = version,
+            offset = at.offset,
+            "membership changed without an event fanout saw: loading the members again"
+        );
+        metrics::counter!("fanout_membership_version_reloads_total").increment(1);
+        self.load_members(conversation, at)?;
+        self.mark_dirty(at.partition, conversation);
+        Ok(())
+    }
+
+    fn fan_out(
+        &mut self,
+        at: Position,
+        event: &ChatEvent,
+        version: Option<i64>,
+    ) -> Result<(), Failure> {
         metrics::counter!("fanout_events_total", "type" => event.event_type()).increment(1);
         let conversation = event.conversation_id();
         match event {
@@ -286,7 +317,7 @@ impl Fanout {
             | ChatEvent::MemberJoined(_)
             | ChatEvent::MemberLeft(_)
             | ChatEvent::MemberRoleChanged(_) => {
-                match self.members.apply(at.partition, at.offset, event) {
+                match self.members.apply(at.partition, at.offset, event, version) {
                     Change::Wrote(c) | Change::Unknown(c) => self.mark_dirty(at.partition, c),
                     Change::None => {}
                 }
@@ -357,13 +388,18 @@ impl Fanout {
     }
 
     /// The members of a conversation not in memory (evicted, never seen, or one of its
-    /// events could not be read): from PostgreSQL, then kept from its events.
+    /// events could not be read) or behind its events' version: from PostgreSQL, then
+    /// kept from its events.
     fn load_members(&mut self, conversation: ConversationId, at: Position) -> Result<(), Failure> {
-        let rows: Vec<(i64, bool)> = self
+        // One statement, one snapshot: the members and the version they are at.
+        let rows: Vec<(i64, Option<i64>, Option<bool>)> = self
             .handle
             .block_on(
                 sqlx::query_as(
-                    "SELECT user_id, role = 'ADMIN' FROM conversation_member WHERE conversation_id = $1",
+                    "SELECT c.membership_version, m.user_id, m.role = 'ADMIN'
+                       FROM conversation c
+                       LEFT JOIN conversation_member m ON m.conversation_id = c.id
+                      WHERE c.id = $1",
                 )
                 .bind(conversation.get())
                 .fetch_all(&self.pool),
@@ -375,18 +411,26 @@ impl Fanout {
         let id = |u: i64| {
             chatpipe_core::db::id(u).map_err(|e| Failure::retriable(anyhow::Error::from(e)))
         };
+        let mut members = HashSet::new();
+        let mut admins = HashSet::new();
+        for &(_, user, admin) in &rows {
+            let Some(user) = user else { continue };
+            let user = id(user)?;
+            members.insert(user);
+            if admin == Some(true) {
+                admins.insert(user);
+            }
+        }
         self.members.load(
             conversation,
             Conversation {
                 partition: at.partition,
-                members: rows.iter().map(|&(u, _)| id(u)).collect::<Result<_, _>>()?,
-                admins: rows
-                    .iter()
-                    .filter(|(_, admin)| *admin)
-                    .map(|&(u, _)| id(u))
-                    .collect::<Result<_, _>>()?,
+                members,
+                admins,
                 // The database is at least as new as this event: apply what follows.
                 offset: at.offset - 1,
+                // No row, no conversation: no event of it carries a version either.
+                version: rows.first().map(|&(v, _, _)| v),
             },
         );
         Ok(())

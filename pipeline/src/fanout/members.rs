@@ -12,6 +12,13 @@
 //! Every entry remembers the chat.events offset of the last event applied to it, so an
 //! event replayed after a restart (offsets are committed after the changelog is written,
 //! so the changelog can be ahead of them) changes nothing.
+//!
+//! Every entry also remembers PostgreSQL's membership version it reflects
+//! (`conversation.membership_version`, one step per transaction that changes members;
+//! every event carries the version its transaction saw as the `membershipVersion`
+//! header). An event newer than the entry proves that a membership change never reached
+//! this store (its event was lost with the WAL that carried it): [`Members::behind`] says
+//! so, and the caller loads the entry from PostgreSQL again.
 
 use std::collections::HashSet;
 use std::num::NonZeroUsize;
@@ -36,6 +43,9 @@ pub struct Conversation {
     /// The chat.events offset of the last event applied (-1: none, loaded from
     /// PostgreSQL just before the event at offset + 1).
     pub offset: i64,
+    /// PostgreSQL's membership version this entry reflects (`None`: unknown, an entry
+    /// restored from a changelog written before versions existed).
+    pub version: Option<i64>,
 }
 
 /// What applying an event did to the store, for the changelog.
@@ -120,9 +130,37 @@ impl Members {
         self.fit(conversation);
     }
 
-    /// Applies the event read at `offset` of `partition`; other events change nothing.
-    /// Events at or before an entry's offset were applied already and are skipped.
-    pub fn apply(&mut self, partition: i32, offset: i64, event: &ChatEvent) -> Change {
+    /// Whether an event of `conversation` stamped with membership `version` proves that
+    /// the entry missed a membership change, so it must be loaded from PostgreSQL again.
+    ///
+    /// A transaction that changes members moves the version one step, and all its
+    /// events carry the version after that step; every later event carries at least it.
+    /// So a membership event may be one step ahead of the entry (the first of its
+    /// transaction) and any other event none. An entry of unknown version is behind any
+    /// stamped event. No entry: nothing to be behind (the caller loads it when needed).
+    pub fn behind(&self, conversation: ConversationId, version: i64, event: &ChatEvent) -> bool {
+        let Some(entry) = self.conversations.peek(&conversation) else {
+            return false;
+        };
+        let Some(known) = entry.version else {
+            return true;
+        };
+        let step = i64::from(is_membership(event));
+        version > known.saturating_add(step)
+    }
+
+    /// Applies the event read at `offset` of `partition`, stamped with the membership
+    /// `version` its transaction saw (if the record carried one); other events change
+    /// nothing. Events at or before an entry's offset were applied already and are
+    /// skipped, and so are membership events older than the entry's version (it was
+    /// loaded from PostgreSQL after them).
+    pub fn apply(
+        &mut self,
+        partition: i32,
+        offset: i64,
+        event: &ChatEvent,
+        version: Option<i64>,
+    ) -> Change {
         let conversation = event.conversation_id();
         match event {
             ChatEvent::ConversationCreated(_) => {
@@ -136,6 +174,7 @@ impl Members {
                         members: HashSet::new(),
                         admins: HashSet::new(),
                         offset,
+                        version,
                     },
                 );
                 return Change::Wrote(conversation);
@@ -156,6 +195,11 @@ impl Members {
             return Change::None;
         }
         entry.offset = offset;
+        match (version, entry.version) {
+            (Some(v), Some(known)) if v < known => return Change::None,
+            (Some(v), _) => entry.version = Some(v),
+            (None, _) => {}
+        }
         match event {
             ChatEvent::MemberJoined(e) => {
                 if entry.members.insert(e.user_id) {
@@ -210,6 +254,17 @@ impl Members {
     pub fn is_empty(&self) -> bool {
         self.conversations.is_empty()
     }
+}
+
+/// Whether the event changes who is in a conversation or their roles.
+pub fn is_membership(event: &ChatEvent) -> bool {
+    matches!(
+        event,
+        ChatEvent::ConversationCreated(_)
+            | ChatEvent::MemberJoined(_)
+            | ChatEvent::MemberLeft(_)
+            | ChatEvent::MemberRoleChanged(_)
+    )
 }
 
 #[cfg(test)]
@@ -287,7 +342,7 @@ mod tests {
         ];
         for (offset, e) in events.iter().enumerate() {
             assert_eq!(
-                m.apply(0, offset as i64, e),
+                m.apply(0, offset as i64, e, None),
                 Change::Wrote(ConversationId::of(7))
             );
         }
@@ -310,7 +365,7 @@ mod tests {
         ];
         let mut seen = Vec::new();
         for (offset, e) in events.iter().enumerate() {
-            m.apply(0, offset as i64, e);
+            m.apply(0, offset as i64, e, None);
             let mut admins: Vec<i64> = m
                 .entry(ConversationId::of(7))
                 .unwrap()
@@ -335,7 +390,7 @@ mod tests {
             ]
         );
         // A role change for someone who is not a member makes nobody admin.
-        m.apply(0, 8, &role_changed(7, 9, Role::Admin));
+        m.apply(0, 8, &role_changed(7, 9, Role::Admin), None);
         assert!(!m
             .entry(ConversationId::of(7))
             .unwrap()
@@ -346,11 +401,11 @@ mod tests {
     #[test]
     fn replayed_events_change_nothing() {
         let mut m = Members::new(10, 1_000);
-        m.apply(0, 10, &created(7));
-        m.apply(0, 11, &joined(7, 2));
-        m.apply(0, 12, &left(7, 2));
+        m.apply(0, 10, &created(7), None);
+        m.apply(0, 11, &joined(7, 2), None);
+        m.apply(0, 12, &left(7, 2), None);
         // A restart replays from an older committed offset: 2 must not come back.
-        assert_eq!(m.apply(0, 11, &joined(7, 2)), Change::None);
+        assert_eq!(m.apply(0, 11, &joined(7, 2), None), Change::None);
         assert!(sorted(&m, 7).is_empty());
     }
 
@@ -358,7 +413,7 @@ mod tests {
     fn events_of_an_unknown_conversation_do_not_invent_one() {
         let mut m = Members::new(10, 1_000);
         assert_eq!(
-            m.apply(0, 0, &joined(8, 1)),
+            m.apply(0, 0, &joined(8, 1), None),
             Change::Unknown(ConversationId::of(8))
         );
         assert!(
@@ -372,19 +427,20 @@ mod tests {
                 members: [UserId::of(1), UserId::of(4)].into(),
                 admins: [UserId::of(1)].into(),
                 offset: 0,
+                version: None,
             },
         );
-        m.apply(0, 1, &left(8, 4));
+        m.apply(0, 1, &left(8, 4), None);
         assert_eq!(sorted(&m, 8), vec![1]);
     }
 
     #[test]
     fn the_least_recently_used_conversation_goes_first() {
         let mut m = Members::new(2, 1_000);
-        m.apply(0, 0, &created(1));
-        m.apply(0, 1, &created(2));
+        m.apply(0, 0, &created(1), None);
+        m.apply(0, 1, &created(2), None);
         m.touch(ConversationId::of(1));
-        m.apply(0, 2, &created(3));
+        m.apply(0, 2, &created(3), None);
         assert!(
             m.knows(ConversationId::of(1))
                 && !m.knows(ConversationId::of(2))
@@ -407,7 +463,7 @@ mod tests {
         .iter()
         .enumerate()
         {
-            m.apply(0, offset as i64, e);
+            m.apply(0, offset as i64, e, None);
         }
         assert_eq!((m.len(), m.member_ids()), (2, 3));
         // Conversation 3 with 4 members: 7 ids, so the least recently used (1) goes.
@@ -418,30 +474,101 @@ mod tests {
                 members: (10..14).map(UserId::of).collect(),
                 admins: Default::default(),
                 offset: 0,
+                version: None,
             },
         );
         assert!(!m.knows(ConversationId::of(1)) && m.knows(ConversationId::of(2)));
         assert_eq!(m.member_ids(), 5);
         // A join past the bound evicts the others, never the conversation it joins.
-        m.apply(0, 10, &joined(3, 14));
+        m.apply(0, 10, &joined(3, 14), None);
         assert!(m.knows(ConversationId::of(3)) && !m.knows(ConversationId::of(2)));
         assert_eq!(m.member_ids(), 5);
-        m.apply(0, 11, &joined(3, 15));
+        m.apply(0, 11, &joined(3, 15), None);
         assert_eq!(
             (m.len(), m.member_ids()),
             (1, 6),
             "alone over the bound, it stays"
         );
-        m.apply(0, 12, &left(3, 15));
+        m.apply(0, 12, &left(3, 15), None);
         m.forget(ConversationId::of(3));
         assert_eq!((m.len(), m.member_ids()), (0, 0));
+    }
+
+    fn message(c: i64) -> ChatEvent {
+        ChatEvent::ReadUpdated(chatpipe_schemas::ReadUpdated {
+            conversation_id: ConversationId::of(c),
+            user_id: UserId::of(1),
+            last_read_seq: Watermark::ZERO,
+            occurred_at: Utc::now(),
+        })
+    }
+
+    #[test]
+    fn an_event_newer_than_the_entry_proves_a_lost_membership_change() {
+        let mut m = Members::new(10, 1_000);
+        let c = ConversationId::of(7);
+        // Made with two members in one transaction: version 1 on all three events.
+        m.apply(0, 0, &created(7), Some(1));
+        m.apply(0, 1, &joined(7, 1), Some(1));
+        m.apply(0, 2, &joined(7, 2), Some(1));
+        assert!(!m.behind(c, 1, &message(7)), "same version: nothing missed");
+        assert!(
+            !m.behind(c, 2, &left(7, 2)),
+            "the next transaction's first event"
+        );
+        assert!(
+            m.behind(c, 2, &message(7)),
+            "a message after a change never seen"
+        );
+        assert!(
+            m.behind(c, 3, &left(7, 2)),
+            "a membership event two steps ahead"
+        );
+        assert!(!m.behind(c, 0, &message(7)), "older: the entry knows more");
+        assert!(!m.behind(ConversationId::of(8), 9, &message(8)), "no entry");
+        m.apply(0, 3, &left(7, 2), Some(2));
+        assert_eq!(
+            (sorted(&m, 7), m.entry(c).unwrap().version),
+            (vec![1], Some(2))
+        );
+    }
+
+    #[test]
+    fn an_entry_of_unknown_version_is_behind_any_stamped_event() {
+        let mut m = Members::new(10, 1_000);
+        m.apply(0, 0, &created(7), None);
+        assert!(m.behind(ConversationId::of(7), 0, &message(7)));
+    }
+
+    #[test]
+    fn membership_events_older_than_a_reloaded_entry_change_nothing() {
+        let mut m = Members::new(10, 1_000);
+        // Loaded from PostgreSQL at version 5, where 2 had left already (version 4).
+        m.load(
+            ConversationId::of(7),
+            Conversation {
+                partition: 0,
+                members: [UserId::of(1)].into(),
+                admins: Default::default(),
+                offset: 9,
+                version: Some(5),
+            },
+        );
+        assert_eq!(m.apply(0, 10, &joined(7, 2), Some(3)), Change::None);
+        assert_eq!(
+            sorted(&m, 7),
+            vec![1],
+            "the join of version 3 is not applied again"
+        );
+        m.apply(0, 11, &joined(7, 3), Some(6));
+        assert_eq!(sorted(&m, 7), vec![1, 3]);
     }
 
     #[test]
     fn revoked_partitions_are_forgotten() {
         let mut m = Members::new(10, 1_000);
-        m.apply(0, 0, &created(1));
-        m.apply(3, 0, &created(2));
+        m.apply(0, 0, &created(1), None);
+        m.apply(3, 0, &created(2), None);
         m.drop_partitions(&[3]);
         assert!(m.knows(ConversationId::of(1)) && !m.knows(ConversationId::of(2)));
     }

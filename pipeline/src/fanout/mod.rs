@@ -35,14 +35,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use chatpipe_core::kafka::CreateGuarded;
-use chatpipe_schemas::{ConversationId, UserId};
+use chatpipe_schemas::{ChatEvent, ConversationId, UserId};
 use rdkafka::consumer::Consumer;
 use rdkafka::producer::ThreadedProducer;
 use rdkafka::Offset;
 
+use crate::runtime::schemas::header_text;
 use crate::runtime::{
-    reader_runtime, retry_until, Reader, ReaderHealth, ReaderSpec, Readiness, Source, Supervisor,
-    WriterSchemas,
+    reader_runtime, retry_until, Decode, Failure, Reader, ReaderHealth, ReaderSpec, Readiness,
+    Source, Supervisor, WriterSchemas,
 };
 use crate::settings::Settings;
 use changelog::Changelog;
@@ -52,6 +53,31 @@ use members::Members;
 use online::Online;
 use plan::Coalescer;
 use presence::PresenceTable;
+
+/// A chat.events record as fanout reads it: the event, and the membership version its
+/// transaction saw (the EventRouter's `membershipVersion` header, from
+/// `outbox.membership_version`; `None` on records written before versions existed).
+pub struct Versioned {
+    pub event: ChatEvent,
+    pub membership_version: Option<i64>,
+}
+
+impl Decode for Versioned {
+    fn decode(
+        message: &impl rdkafka::Message,
+        schemas: &mut WriterSchemas,
+    ) -> Result<Self, Failure> {
+        Ok(Self {
+            event: ChatEvent::decode(message, schemas)?,
+            membership_version: header_text(message, MEMBERSHIP_VERSION_HEADER)
+                .and_then(|v| v.parse().ok()),
+        })
+    }
+}
+
+/// The header of chat.events records that carries `outbox.membership_version`
+/// (`transforms.outbox.table.fields.additional.placement` of the connector).
+pub const MEMBERSHIP_VERSION_HEADER: &str = "membershipVersion";
 
 /// What the processor knows, for tests and operators: the presence table it joins with.
 #[derive(Debug, Default)]

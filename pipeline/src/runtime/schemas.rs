@@ -87,6 +87,19 @@ pub trait Decode: Sized {
     fn decode(message: &impl Message, schemas: &mut WriterSchemas) -> Result<Self, Failure>;
 }
 
+/// A record header as text: Kafka Connect's header converter writes strings and numbers
+/// (the EventRouter's `id`, `eventType`, `membershipVersion`) as their text. `None`:
+/// absent, null or not UTF-8.
+pub fn header_text<'m>(message: &'m impl Message, name: &str) -> Option<&'m str> {
+    use rdkafka::message::Headers;
+    let headers = message.headers()?;
+    headers
+        .iter()
+        .find(|h| h.key == name)
+        .and_then(|h| h.value)
+        .and_then(|v| std::str::from_utf8(v).ok())
+}
+
 fn poison(e: impl std::fmt::Display) -> Failure {
     Failure::poison(e.to_string())
 }
