@@ -87,6 +87,7 @@ pub const METRICS: &[Entry] = &[
     ("fanout_cached_members", Gauge, "Member ids fanout holds in memory, over all conversations (bound: fanout.max_cached_members)."),
     ("fanout_changelog_coalesced_total", Counter, "Membership changes folded into a changelog write of the same conversation in the same tick."),
     ("fanout_membership_loads_total", Counter, "Conversations whose members were loaded from PostgreSQL."),
+    ("fanout_membership_version_reloads_total", Counter, "Member lists loaded from PostgreSQL again because an event carried a newer membership version than the list (a membership event never reached fanout)."),
     ("fanout_changelog_refused_total", Counter, "Changelog entries the broker refused: written again on the next tick, the offsets after them held until then."),
     ("fanout_changelog_writes_total", Counter, "Membership changes written to the chat.fanout-members changelog."),
     ("fanout_restored_records_total", Counter, "Changelog records read to restore membership on assignment."),
