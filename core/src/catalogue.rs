@@ -43,7 +43,6 @@ pub const METRICS: &[Entry] = &[
     ("receipts_produced_total", Counter, "Read receipts and delivery acks the broker acknowledged (stream mode)."),
     ("receipts_produce_failures_total", Counter, "Receipts the broker did not acknowledge within kafka.produce_timeout_ms (answered 503)."),
     ("receipts_queue_full_total", Counter, "Receipts refused because the producer queue (kafka.queue_max_messages) stayed full."),
-    ("receipts_not_sent_total", Counter, "Read marks not sent on, by reason (no_advance: at or below the stored watermark)."),
     ("send_batch_messages", Histogram, "Messages per send batch (one transaction per conversation batch)."),
     ("send_batch_failures_total", Counter, "Send batches whose transaction failed (every send in it answered 503)."),
     ("send_queue_waiting", Gauge, "Sends waiting for a conversation's writer."),

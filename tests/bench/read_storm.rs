@@ -1,10 +1,11 @@
 //! Read storm: a 1,000-member group and 10,000 1:1 conversations whose members send many
 //! receipts within seconds, as real `POST /conversations/{id}/read` requests to an
-//! ingest-api started in this process. The stream path (stream mode: the route reads the
-//! member's position, then the receipt goes to Kafka and the receipts processor applies it
-//! in batched UPDATEs) against the original design's path (direct mode: one guarded UPDATE per
-//! receipt, the baseline). Both paths pay the route's own per-receipt work. A
-//! measurement, not a test.
+//! ingest-api started in this process. The stream path (stream mode: the route asks
+//! PostgreSQL nothing, the receipt goes to Kafka and the receipts processor applies it in
+//! batched UPDATEs that check membership and clamp) against the original design's path
+//! (direct mode: one guarded UPDATE per receipt, the baseline). Both paths pay the
+//! route's own per-receipt work (HTTP, the token, the rate limit). A measurement, not a
+//! test.
 //!
 //!   eval "$(scripts/stack env)"; target/release/read-storm [--receipts 100000] [--repeat 3]
 //!

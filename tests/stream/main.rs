@@ -5,6 +5,7 @@ mod acls;
 mod audit;
 mod cdc;
 mod membership_race;
+mod read_membership;
 mod receipts;
 mod republish;
 mod slots;

@@ -21,9 +21,13 @@ pub struct MarkRead {
 
 /// `POST /conversations/{id}/read` `{seq}`.
 ///
-/// Stream mode (the default): `202 {conversationId, acceptedSeq, lastReadSeq}`, the
-/// receipt is on `chat.read-receipts` and the watermark moves within one debounce window.
-/// Direct mode: `200 {lastReadSeq, advanced}`, moved in this request.
+/// Stream mode (the default): `202 {conversationId, acceptedSeq}`, the receipt is on
+/// `chat.read-receipts` and the watermark moves within one debounce window. No database
+/// round trip: the receipts processor's flush checks membership (a non-member's receipt
+/// moves nothing) and clamps to the last seq, so a read storm reaches PostgreSQL as one
+/// UPDATE per window, and the answer says nothing about membership (a non-member and an
+/// unknown conversation get what a member gets). Direct mode: `200 {lastReadSeq,
+/// advanced}`, moved in this request.
 #[utoipa::path(
     post,
     path = "/conversations/{id}/read",
@@ -32,7 +36,7 @@ pub struct MarkRead {
     params(("id" = i64, Path, description = "the conversation", minimum = 1)),
     request_body = MarkRead,
     responses(
-        (status = 202, description = "Stream mode: the mark is on chat.read-receipts; the watermark moves within one debounce window", body = ReadAccepted),
+        (status = 202, description = "Stream mode: the mark is on chat.read-receipts; the watermark moves within one debounce window, if the caller is a member (the answer does not say)", body = Accepted),
         (status = 200, description = "Direct mode: moved in this request", body = crate::store::reads::ReadOutcome),
         crate::openapi::Common,
         crate::openapi::Scoped,
@@ -51,20 +55,10 @@ pub async fn mark_read(
         let outcome = store::mark_read(&state.store, conversation, reader, seq).await?;
         return Ok(axum::Json(outcome).into_response());
     };
-    let position = store::read_position(&state.store, conversation, reader).await?;
-    let accepted = forward(
-        producer,
-        Said::Read,
-        (conversation, reader),
-        seq,
-        &position,
-        position.last_read_seq,
-    )
-    .await?;
-    let body = ReadAccepted {
+    forward(producer, Said::Read, (conversation, reader), seq).await?;
+    let body = Accepted {
         conversation_id: conversation,
-        accepted_seq: accepted,
-        last_read_seq: position.last_read_seq,
+        accepted_seq: seq.get(),
     };
     Ok((StatusCode::ACCEPTED, axum::Json(body)).into_response())
 }
@@ -72,8 +66,9 @@ pub async fn mark_read(
 /// `POST /conversations/{id}/delivered` `{seq}`: the caller's devices got everything up
 /// to `seq` (for clients without a WebSocket; a connected client acks over it).
 ///
-/// Stream mode: `202 {conversationId, acceptedSeq, lastDeliveredSeq}`, the ack is on
-/// `chat.delivery-acks`. Direct mode: `200 {lastDeliveredSeq, advanced}`.
+/// Stream mode: `202 {conversationId, acceptedSeq}`, the ack is on `chat.delivery-acks`,
+/// with no database round trip (as reads). Direct mode: `200 {lastDeliveredSeq,
+/// advanced}`.
 #[utoipa::path(
     post,
     path = "/conversations/{id}/delivered",
@@ -82,7 +77,7 @@ pub async fn mark_read(
     params(("id" = i64, Path, description = "the conversation", minimum = 1)),
     request_body = MarkRead,
     responses(
-        (status = 202, description = "Stream mode: the ack is on chat.delivery-acks", body = DeliveryAccepted),
+        (status = 202, description = "Stream mode: the ack is on chat.delivery-acks; the delivery watermark moves within one debounce window, if the caller is a member (the answer does not say)", body = Accepted),
         (status = 200, description = "Direct mode: moved in this request", body = crate::store::reads::DeliveredOutcome),
         crate::openapi::Common,
         crate::openapi::Scoped,
@@ -101,69 +96,39 @@ pub async fn mark_delivered(
         let outcome = store::mark_delivered(&state.store, conversation, user, seq).await?;
         return Ok(axum::Json(outcome).into_response());
     };
-    let position = store::read_position(&state.store, conversation, user).await?;
-    let accepted = forward(
-        producer,
-        Said::Delivered,
-        (conversation, user),
-        seq,
-        &position,
-        position.last_delivered_seq,
-    )
-    .await?;
-    let body = DeliveryAccepted {
+    forward(producer, Said::Delivered, (conversation, user), seq).await?;
+    let body = Accepted {
         conversation_id: conversation,
-        accepted_seq: accepted,
-        last_delivered_seq: position.last_delivered_seq,
+        accepted_seq: seq.get(),
     };
     Ok((StatusCode::ACCEPTED, axum::Json(body)).into_response())
 }
 
-/// Clamps `seq` to the conversation's last seq, as the flush will, and produces the
-/// receipt unless it cannot move the watermark (which `stands` at). Returns the clamped
-/// seq.
-/// `202` of a read mark in stream mode.
+/// `202` of a read mark or a delivery ack in stream mode: accepted, not yet applied.
 #[derive(serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct ReadAccepted {
+pub struct Accepted {
     conversation_id: ConversationId,
-    /// The seq sent on (the request's, clamped to the conversation's last seq).
+    /// The seq sent on, as requested. The flush clamps it to the conversation's last seq
+    /// and applies it only if it moves the caller's watermark and the caller is a member.
     accepted_seq: i64,
-    /// The watermark as it stood when the mark was accepted.
-    last_read_seq: i64,
 }
 
-/// `202` of a delivery ack in stream mode.
-#[derive(serde::Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct DeliveryAccepted {
-    conversation_id: ConversationId,
-    accepted_seq: i64,
-    last_delivered_seq: i64,
-}
-
+/// Produces the receipt to the receipts processor's topic (`503` if Kafka does not
+/// acknowledge it in time).
 async fn forward(
     producer: &ReceiptProducer,
     said: Said,
     (conversation, user): (ConversationId, UserId),
     seq: Seq,
-    position: &store::ReadPosition,
-    stands: i64,
-) -> Result<i64, ApiError> {
-    let accepted = seq.get().min(position.last_seq);
-    if accepted > stands {
-        let receipt = ReadReceipt {
-            conversation_id: conversation,
-            user_id: user,
-            // Above a watermark, which is never negative.
-            seq: Seq::of(accepted),
-            at: chatpipe_core::outbox::now(),
-        };
-        producer.send(said, &receipt).await?;
-    } else {
-        metrics::counter!("receipts_not_sent_total", "reason" => "no_advance").increment(1);
-    }
-    Ok(accepted)
+) -> Result<(), ApiError> {
+    let receipt = ReadReceipt {
+        conversation_id: conversation,
+        user_id: user,
+        seq,
+        at: chatpipe_core::outbox::now(),
+    };
+    Ok(producer.send(said, &receipt).await?)
 }
 
 /// `GET /conversations/{id}/messages/{seq}/receipts`

@@ -59,27 +59,6 @@ pub async fn mark_read(
     })
 }
 
-/// Where a member's watermarks stand, and how far they could go.
-pub struct ReadPosition {
-    pub last_seq: i64,
-    pub last_read_seq: i64,
-    pub last_delivered_seq: i64,
-}
-
-/// The caller's watermark and the conversation's last seq; 404 for non-members.
-pub async fn read_position(
-    db: &Store,
-    conversation: ConversationId,
-    reader: UserId,
-) -> Result<ReadPosition, StoreError> {
-    let view = super::as_member(db, conversation, reader).await?;
-    Ok(ReadPosition {
-        last_seq: view.last_seq,
-        last_read_seq: view.last_read_seq,
-        last_delivered_seq: view.last_delivered_seq,
-    })
-}
-
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DeliveredOutcome {
