@@ -49,8 +49,10 @@ async fn statements(p: &Pipeline) -> i64 {
 async fn events_until_a_marker(p: &Pipeline, conv: i64) -> Vec<Record> {
     let seq = p.app.user(10).send_message(conv, "marker").await;
     p.consume_until(CONSUMED, |rs| {
-        rs.iter().any(|r| matches!(&r.event, ChatEvent::MessageNew(m)
-            if m.conversation_id.get() == conv && m.seq.get() == seq))
+        rs.iter().any(|r| {
+            matches!(&r.event, ChatEvent::MessageNew(m)
+            if m.conversation_id.get() == conv && m.seq.get() == seq)
+        })
     })
     .await
 }
@@ -119,7 +121,10 @@ async fn reads_of_a_non_member_or_an_unknown_conversation_answer_as_a_members_an
     .fetch_one(&p.app.pool)
     .await
     .unwrap();
-    assert_eq!(rows, 0, "no row made for the stranger or the unknown conversation");
+    assert_eq!(
+        rows, 0,
+        "no row made for the stranger or the unknown conversation"
+    );
     processor.stop().unwrap();
     p.cleanup().await;
 }
