@@ -36,6 +36,18 @@ use hdrhistogram::Histogram;
 use serde_json::json;
 use sqlx::Connection;
 
+#[path = "send_load_wrk.rs"]
+mod wrk;
+
+/// Who sends the requests.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Generator {
+    /// This program's own senders (reqwest, one task and connection per sender).
+    Rust,
+    /// `wrk` (Debian's package) with a Lua script: an independent generator.
+    Wrk,
+}
+
 #[derive(Parser, Debug, Clone)]
 struct Args {
     /// The ingest-api to load.
@@ -70,6 +82,9 @@ struct Args {
     /// pgbench's clients for the baseline.
     #[arg(long, default_value_t = 16)]
     baseline_clients: usize,
+    /// Who sends: this program's senders, or wrk (closed loop only, no `--rate`).
+    #[arg(long, value_enum, default_value_t = Generator::Rust)]
+    generator: Generator,
     /// Where to write the JSON report.
     #[arg(long, default_value = "target/bench/send-load.json")]
     out: String,
@@ -127,6 +142,10 @@ impl Phase {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     anyhow::ensure!(args.repeat >= 1, "--repeat must be at least 1");
+    anyhow::ensure!(
+        args.generator == Generator::Rust || args.rate.is_none(),
+        "--rate needs --generator rust (wrk runs a closed loop here)"
+    );
     let secret = std::fs::read_to_string(&args.secret_file)
         .with_context(|| format!("reading {}", args.secret_file))?;
     let keys = TokenKeys::new(&secret.trim().to_owned().into(), Duration::ZERO)?;
@@ -323,6 +342,22 @@ async fn run_phase(
     stats: &mut PgStats,
 ) -> anyhow::Result<Phase> {
     let before = args.pg.settled(stats).await?;
+    if args.generator == Generator::Wrk {
+        let cpu_before = CpuSample::now();
+        let w = wrk::run(&args.base, tokens, &conversations, args.seconds).await?;
+        let cpu = CpuSample::now().cores_since(&cpu_before);
+        let after = args.pg.settled(stats).await?;
+        check_stored(&args.pg, &conversations, w.sends, tokens.len() as u64).await?;
+        return Ok(Phase {
+            name,
+            sends: w.sends,
+            errors: w.errors,
+            elapsed: w.elapsed,
+            latency_us: w.latency_us,
+            db: after.since(&before),
+            cpu,
+        });
+    }
     let conversations = Arc::new(conversations);
     let cpu_before = CpuSample::now();
     let started = Instant::now();
@@ -410,6 +445,45 @@ async fn run_phase(
         cpu,
     };
     Ok(phase)
+}
+
+/// The invariant under load when the generator does not report seqs (wrk): every
+/// conversation of the phase (each new before it) stores exactly the seqs 1..=last_seq,
+/// and the messages stored are the sends answered 2xx plus at most one per connection:
+/// wrk drops the requests in flight when its time is up, and the API commits them.
+async fn check_stored(
+    pg: &PgArgs,
+    conversations: &[i64],
+    sends: u64,
+    connections: u64,
+) -> anyhow::Result<()> {
+    let mut db = sqlx::PgConnection::connect(&chatpipe_tests::with_database(
+        &pg.database_url,
+        &pg.database,
+    ))
+    .await?;
+    let rows: Vec<(i64, i64, i64, i64, i64)> = sqlx::query_as(
+        "SELECT c.id, c.last_seq, count(m.seq), coalesce(min(m.seq), 0), coalesce(max(m.seq), 0)
+           FROM conversation c LEFT JOIN message m ON m.conversation_id = c.id
+          WHERE c.id = ANY($1) GROUP BY c.id",
+    )
+    .bind(conversations)
+    .fetch_all(&mut db)
+    .await?;
+    db.close().await?;
+    let mut stored = 0;
+    for (conv, last, count, min, max) in rows {
+        if count != last || max != last || (count > 0 && min != 1) {
+            bail!(
+                "conversation {conv}: last_seq {last}, {count} messages stored, seqs {min}..={max}"
+            );
+        }
+        stored += count as u64;
+    }
+    if stored < sends || stored > sends + connections {
+        bail!("{sends} sends answered 2xx, {stored} messages stored, {connections} connections");
+    }
+    Ok(())
 }
 
 /// The invariant under load, for every conversation the phase wrote (each new before
