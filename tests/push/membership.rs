@@ -201,12 +201,7 @@ async fn a_member_removed_without_an_event_is_dropped_at_the_next_event_of_a_new
             .await
             .unwrap();
     assert_eq!(removed.rows_affected(), 1);
-    let version: i64 =
-        sqlx::query_scalar("SELECT membership_version FROM conversation WHERE id = $1")
-            .bind(group)
-            .fetch_one(&p.app.pool)
-            .await
-            .unwrap();
+    let version = p.app.membership_version(group).await;
 
     let after = p.app.user(alice).send_message(group, "carol is gone").await;
     bob_ws.until(PUSH_DEADLINE, is_message(group, after)).await;

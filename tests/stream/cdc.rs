@@ -45,12 +45,7 @@ async fn a_message_sent_through_the_api_arrives_on_chat_events_decoded_and_keyed
         r.headers.contains_key("id"),
         "the outbox row id travels as a header"
     );
-    let version: i64 =
-        sqlx::query_scalar("SELECT membership_version FROM conversation WHERE id = $1")
-            .bind(conv)
-            .fetch_one(&p.app.pool)
-            .await
-            .unwrap();
+    let version = p.app.membership_version(conv).await;
     assert_eq!(
         r.headers.get("membershipVersion"),
         Some(&version.to_string()),

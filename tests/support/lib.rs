@@ -402,6 +402,16 @@ impl TestApp {
         .expect("reading pg_stat_statements")
     }
 
+    /// `conversation.membership_version` as PostgreSQL has it: what every event of the
+    /// conversation committed from now on carries as its `membershipVersion` header.
+    pub async fn membership_version(&self, conversation: i64) -> i64 {
+        sqlx::query_scalar("SELECT membership_version FROM conversation WHERE id = $1")
+            .bind(conversation)
+            .fetch_one(&self.pool)
+            .await
+            .expect("the conversation's membership version")
+    }
+
     /// `user`'s watermark in `conversation` as PostgreSQL has it; `None` for a non-member
     /// (or while the database is away).
     pub async fn watermark(&self, conversation: i64, user: i64) -> Option<i64> {
