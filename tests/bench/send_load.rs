@@ -271,16 +271,36 @@ async fn baseline(
     phases: &[Phase],
     runs: &mut Runs,
 ) -> anyhow::Result<serde_json::Value> {
-    let bench = Pgbench::prepare(
+    let mut bench = Pgbench::prepare(
         &args.pg.database_url,
         "target/bench/pgbench",
         args.baseline_clients,
     )
     .await?;
     let time = Duration::from_secs(args.seconds);
-    let seed_spread = bench.tps(Script::Seed, 10_000, time).await?;
-    let seed_hot = bench.tps(Script::Seed, 1, time).await?;
-    let one_spread = bench.tps(Script::OneStatement, 10_000, time).await?;
+    let mut measured = Vec::new();
+    for (name, script, conversations) in [
+        ("seed_spread", Script::Seed, 10_000),
+        ("seed_hot", Script::Seed, 1),
+        ("one_statement_spread", Script::OneStatement, 10_000),
+    ] {
+        let m = bench.run(script, conversations, time).await?;
+        println!(
+            "run {run} baseline {name:<20} {:>8.0} tx/s; meanwhile {} checkpoints, CPU in cores: {}{}",
+            m.tps,
+            m.checkpoints,
+            describe(&m.cpu),
+            if m.waited_for_autovacuum > Duration::from_millis(500) {
+                format!(" (waited {:.1} s for autovacuum first)", m.waited_for_autovacuum.as_secs_f64())
+            } else {
+                String::new()
+            }
+        );
+        runs.record(&format!("baseline.{name}_tps"), m.tps);
+        measured.push((name, m));
+    }
+    let (seed_spread, seed_hot, one_spread) =
+        (measured[0].1.tps, measured[1].1.tps, measured[2].1.tps);
     let (spread, hot) = (phases[0].per_second(), phases[1].per_second());
     let ratios = [
         ("spread_over_seed", spread / seed_spread),
@@ -296,9 +316,6 @@ async fn baseline(
         ratios[1].1,
         ratios[2].1,
     );
-    runs.record("baseline.seed_spread_tps", seed_spread);
-    runs.record("baseline.seed_hot_tps", seed_hot);
-    runs.record("baseline.one_statement_spread_tps", one_spread);
     for (name, ratio) in ratios {
         runs.record(name, ratio);
     }
@@ -308,6 +325,7 @@ async fn baseline(
         "one_statement_spread_tps": one_spread,
         "spread_over_seed": ratios[0].1, "spread_over_one_statement": ratios[1].1,
         "hot_over_seed_hot": ratios[2].1,
+        "scripts": measured.iter().map(|(name, m)| (name.to_string(), m.json())).collect::<serde_json::Map<_, _>>(),
     }))
 }
 
@@ -341,6 +359,8 @@ async fn run_phase(
     conversations: Vec<i64>,
     stats: &mut PgStats,
 ) -> anyhow::Result<Phase> {
+    // Like the baseline's scripts, no phase shares the machine with an autovacuum worker.
+    stats.wait_for_autovacuum(Duration::from_secs(120)).await?;
     let before = args.pg.settled(stats).await?;
     if args.generator == Generator::Wrk {
         let cpu_before = CpuSample::now();

@@ -27,9 +27,18 @@ fn piece(argv: &[String]) -> Option<&'static str> {
         Some("registry") => return Some("registry"),
         _ => {}
     }
-    ["ingest-api", "pipeline", "gateway", "send-load"]
-        .into_iter()
-        .find(|b| *b == binary)
+    [
+        "ingest-api",
+        "pipeline",
+        "gateway",
+        "send-load",
+        "read-storm",
+        "cdc-latency",
+        "pgbench",
+        "wrk",
+    ]
+    .into_iter()
+    .find(|b| *b == binary)
 }
 
 /// CPU ticks per piece at one moment.

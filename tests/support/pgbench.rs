@@ -2,11 +2,14 @@
 //! design's send SQL (`tests/bench/pgbench/`) run raw by `pgbench` on a scratch database
 //! of the same server. Benchmarks print their figures as ratios of these.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use sqlx::{Connection, Executor};
+use sqlx::{Connection, Executor, PgConnection};
+
+use crate::cpu::CpuSample;
 
 const SCHEMA: &str = include_str!("../bench/pgbench/schema.sql");
 const SEED: &str = include_str!("../bench/pgbench/seed.sql");
@@ -26,6 +29,47 @@ pub struct Pgbench {
     url: String,
     dir: PathBuf,
     clients: usize,
+    /// The server's `postgres` database, to see what else the server does.
+    server: PgConnection,
+}
+
+/// One script's figure and what competed with it: a baseline is the database's own
+/// limit only if nothing else ran, so each run says what did.
+#[derive(Debug, Clone)]
+pub struct Measured {
+    pub tps: f64,
+    /// Cores each piece of the machine used while pgbench ran (pgbench itself included).
+    pub cpu: BTreeMap<&'static str, f64>,
+    /// Checkpoints the server started meanwhile (timed or requested).
+    pub checkpoints: i64,
+    /// How long the run waited, before it started, for autovacuum workers to finish.
+    pub waited_for_autovacuum: Duration,
+}
+
+impl Measured {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "tps": self.tps,
+            "cpu_cores": self.cpu,
+            "checkpoints": self.checkpoints,
+            "waited_for_autovacuum_s": self.waited_for_autovacuum.as_secs_f64(),
+        })
+    }
+}
+
+/// Checkpoints started since the server's statistics were reset (PostgreSQL 17 moved
+/// them from `pg_stat_bgwriter` to `pg_stat_checkpointer`).
+async fn checkpoints(server: &mut PgConnection) -> anyhow::Result<i64> {
+    let v17: Option<String> =
+        sqlx::query_scalar("SELECT to_regclass('pg_catalog.pg_stat_checkpointer')::text")
+            .fetch_one(&mut *server)
+            .await?;
+    let sql = if v17.is_some() {
+        "SELECT num_timed + num_requested FROM pg_stat_checkpointer"
+    } else {
+        "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"
+    };
+    Ok(sqlx::query_scalar(sql).fetch_one(&mut *server).await?)
 }
 
 impl Pgbench {
@@ -47,7 +91,7 @@ impl Pgbench {
         admin
             .execute(format!("CREATE DATABASE {DATABASE}").as_str())
             .await?;
-        admin.close().await?;
+        let server = admin;
         let url = crate::with_database(server_url, DATABASE);
         let mut db = sqlx::PgConnection::connect(&url).await?;
         sqlx::raw_sql(SCHEMA)
@@ -59,12 +103,37 @@ impl Pgbench {
         std::fs::create_dir_all(&dir)?;
         std::fs::write(dir.join("seed.sql"), SEED)?;
         std::fs::write(dir.join("cte.sql"), ONE_STATEMENT)?;
-        Ok(Self { url, dir, clients })
+        Ok(Self {
+            url,
+            dir,
+            clients,
+            server,
+        })
     }
 
     /// Transactions per second of `script` over `conversations` conversations (1: all
-    /// into one) for `duration`.
-    pub async fn tps(
+    /// into one) for `duration`, once no autovacuum worker runs, with what the machine
+    /// did meanwhile.
+    pub async fn run(
+        &mut self,
+        script: Script,
+        conversations: u32,
+        duration: Duration,
+    ) -> anyhow::Result<Measured> {
+        let waited_for_autovacuum =
+            crate::pgstats::wait_for_autovacuum(&mut self.server, Duration::from_secs(120)).await?;
+        let checkpoints_before = checkpoints(&mut self.server).await?;
+        let cpu_before = CpuSample::now();
+        let tps = self.tps(script, conversations, duration).await?;
+        Ok(Measured {
+            tps,
+            cpu: CpuSample::now().cores_since(&cpu_before),
+            checkpoints: checkpoints(&mut self.server).await? - checkpoints_before,
+            waited_for_autovacuum,
+        })
+    }
+
+    async fn tps(
         &self,
         script: Script,
         conversations: u32,

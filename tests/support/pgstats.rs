@@ -380,6 +380,11 @@ impl PgStats {
         }
     }
 
+    /// [`wait_for_autovacuum`] on this reader's server connection.
+    pub async fn wait_for_autovacuum(&mut self, limit: Duration) -> anyhow::Result<Duration> {
+        wait_for_autovacuum(&mut self.server, limit).await
+    }
+
     /// Runs the benchmark's own `SELECT <scalar>` in the database, as a transaction the
     /// deltas leave out.
     pub async fn scalar(&mut self, select: &str) -> anyhow::Result<i64> {
@@ -391,5 +396,31 @@ impl PgStats {
         .with_context(|| select.to_owned())?;
         self.own_commits += 1;
         Ok(value)
+    }
+}
+
+/// Waits (up to `limit`) until no autovacuum worker runs anywhere on the server, so
+/// that a measurement does not share the machine with one; returns how long it waited.
+pub async fn wait_for_autovacuum(
+    server: &mut PgConnection,
+    limit: Duration,
+) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    loop {
+        let workers: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'",
+        )
+        .fetch_one(&mut *server)
+        .await?;
+        if workers == 0 {
+            return Ok(started.elapsed());
+        }
+        if started.elapsed() >= limit {
+            eprintln!(
+                "{workers} autovacuum workers still running after {limit:?}; measuring anyway"
+            );
+            return Ok(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
