@@ -10,6 +10,13 @@
 //! run. Rows and transactions are PostgreSQL's counts (see `pgstats`), records on the
 //! topic are Kafka's (end offsets). `--repeat N` runs both phases N times. Writes JSON
 //! with the machine.
+//!
+//! `--rates 1000,2000,4000` adds a phase per rate: sends at that rate for `--rate-seconds`
+//! and measures commit-to-topic latency and Kafka Connect's CPU (`cdc_paced`);
+//! `--only-rates` runs those alone.
+
+#[path = "cdc_paced.rs"]
+mod cdc_paced;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -43,6 +50,15 @@ struct Args {
     burst: usize,
     #[arg(long, default_value_t = 32)]
     concurrency: usize,
+    /// Requested send rates (messages/s) of the paced phases, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    rates: Vec<f64>,
+    /// How long each paced phase sends.
+    #[arg(long, default_value_t = 10)]
+    rate_seconds: u64,
+    /// Only the paced phases.
+    #[arg(long)]
+    only_rates: bool,
     /// Runs of both phases; the summary gives median and spread.
     #[arg(long, default_value_t = 1)]
     repeat: usize,
@@ -74,7 +90,29 @@ async fn main() -> anyhow::Result<()> {
     let mut runs = Runs::default();
     let mut reports = Vec::new();
     for r in 0..args.repeat {
-        let report = run(&args, &http, &token, &arrivals, &mut stats, r, &mut runs).await?;
+        let mut report = if args.only_rates {
+            json!({"run": r + 1})
+        } else {
+            run(&args, &http, &token, &arrivals, &mut stats, r, &mut runs).await?
+        };
+        let mut paced = Vec::new();
+        for &rate in &args.rates {
+            let p = cdc_paced::run(&http, &args.base, &keys, &arrivals, rate, args.rate_seconds)
+                .await?;
+            p.print(r + 1);
+            let name = format!("paced_{rate}");
+            runs.record(&format!("{name}.committed_per_s"), p.achieved);
+            runs.record(
+                &format!("{name}.p99_ms"),
+                p.json()["latency_ms"]["p99"].as_f64().unwrap_or(f64::NAN),
+            );
+            runs.record(
+                &format!("{name}.events_per_s_per_connect_core"),
+                p.per_connect_core(),
+            );
+            paced.push(p.json());
+        }
+        report["paced"] = json!(paced);
         reports.push(report);
     }
     reader.abort();
@@ -86,7 +124,8 @@ async fn main() -> anyhow::Result<()> {
         "benchmark": "cdc-latency",
         "machine": machine(),
         "args": {"messages": args.messages, "burst": args.burst, "senders": args.concurrency,
-                 "repeat": args.repeat, "topic": args.topic, "database": args.pg.database},
+                 "repeat": args.repeat, "topic": args.topic, "database": args.pg.database,
+                 "rates": args.rates, "rate_seconds": args.rate_seconds},
         "runs": reports,
         "summary": runs.json(),
     });
