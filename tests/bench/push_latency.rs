@@ -5,7 +5,11 @@
 //!   push-latency --connections 5000 --rate 200 --seconds 30
 //!
 //! Needs ingest-api, `pipeline fanout` and a gateway running on the stack (`scripts/demo`
-//! leaves them up). It connects `--connections` users (one WebSocket each) and measures
+//! leaves them up). It connects `--connections` users (one WebSocket each, `--per-address`
+//! of them from each of the loopback addresses 127.1.0.1, 127.1.0.2, …, under the
+//! gateway's bound per client address; past 4,096 connections start the gateway with
+//! `GATEWAY_ENV=CHATPIPE_HTTP__MAX_CONNECTIONS=…`, and each process here may hold only
+//! as many sockets as `ulimit -n` allows) and measures
 //! the gateway's resident memory before and after: memory per idle connection. It then
 //! sends at `--rate` messages/s for `--seconds`, mixed: 70% in direct chats, 25% in
 //! groups of 10, 5% in groups of 300 (above the light threshold). For every frame it
@@ -69,6 +73,10 @@ struct Args {
     deliveries_topic: String,
     #[arg(long, default_value_t = 5000)]
     connections: usize,
+    /// Connections from each client address (127.1.0.1, 127.1.0.2, …); under the
+    /// gateway's `http.max_connections_per_ip` (256).
+    #[arg(long, default_value_t = 200)]
+    per_address: usize,
     #[arg(long, default_value_t = 200)]
     rate: u64,
     #[arg(long, default_value_t = 30)]
@@ -129,11 +137,11 @@ async fn main() -> anyhow::Result<()> {
     let frames: Frames = Arc::default();
     let typings: Typings = Arc::default();
     let started = Instant::now();
-    let clients: Vec<_> = futures::stream::iter(users.iter().map(|u| {
+    let clients: Vec<_> = futures::stream::iter(users.iter().enumerate().map(|(i, u)| {
         let (url, token, frames) = (args.gateway.clone(), token(*u), frames.clone());
         let typings = typings.clone();
-        let user = *u;
-        async move { connect(&url, &token, user, frames, typings).await }
+        let (user, source) = (*u, source_address(i, args.per_address));
+        async move { connect(&url, &token, source, user, frames, typings).await }
     }))
     .buffer_unordered(200)
     .collect::<Vec<_>>()
@@ -517,16 +525,25 @@ async fn traffic(
 }
 
 /// Connects `user`'s client, whose task notes every message.new frame it reads.
+/// The loopback address the `i`-th connection comes from: `per_address` connections
+/// from each of 127.1.0.1, 127.1.0.2, … (Linux answers for all of 127.0.0.0/8), under
+/// the gateway's bound per client address, as users behind many addresses would be.
+fn source_address(i: usize, per_address: usize) -> std::net::IpAddr {
+    let k = i / per_address.max(1);
+    std::net::Ipv4Addr::new(127, 1, (k / 250) as u8, (k % 250 + 1) as u8).into()
+}
+
 async fn connect(
     url: &str,
     token: &str,
+    source: std::net::IpAddr,
     user: i64,
     frames: Frames,
     typings: Typings,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-    let mut ws = gateway::client::connect(url, token)
+    let mut ws = gateway::client::connect_from(url, token, source)
         .await
-        .with_context(|| format!("connecting to {url}"))?;
+        .with_context(|| format!("connecting to {url} from {source}"))?;
     Ok(tokio::spawn(async move {
         while let Some(Ok(frame)) = ws.next().await {
             if let Message::Text(text) = frame {
