@@ -37,6 +37,7 @@ use chatpipe_core::UserId;
 use chatpipe_tests::bench::{
     create_direct, create_group, machine, records_on, send, start_event_reader, Arrivals, Runs,
 };
+use chatpipe_tests::cpu::{describe, CpuSample};
 use chatpipe_tests::pgstats::PgArgs;
 use clap::Parser;
 use futures::StreamExt;
@@ -317,6 +318,7 @@ async fn traffic(
     let mut tasks = Vec::new();
     let mut rng = rand::rng();
     let sending = Instant::now();
+    let cpu_before = CpuSample::now();
     for _ in 0..total {
         ticker.tick().await;
         let roll: f64 = rng.random();
@@ -380,6 +382,11 @@ async fn traffic(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // From the first send until every frame arrived (or the wait gave up).
+    let (cpu, pushing_s) = (
+        CpuSample::now().cores_since(&cpu_before),
+        sending.elapsed().as_secs_f64(),
+    );
     let all_arrived = waiting.is_empty();
     if !all_arrived {
         println!(
@@ -480,6 +487,17 @@ async fn traffic(
         ms(all, 0.99) / ms(&topic, 0.99),
         ms(all, 0.5) - ms(&topic, 0.5)
     );
+    let frames_received = (received.len() - wrong.len()) as f64;
+    let push_cores = ["fanout", "gateway"]
+        .iter()
+        .map(|p| cpu.get(p).copied().unwrap_or(0.0))
+        .sum::<f64>();
+    let per_core = frames_received / pushing_s / push_cores;
+    println!(
+        "CPU in cores from the first send to the last frame ({pushing_s:.1} s): {}; \
+         {per_core:.0} frames/s per core of fanout + gateway",
+        describe(&cpu)
+    );
     let sample = |v: &[Delivery]| v.iter().take(10).copied().collect::<Vec<_>>();
     for (name, value) in [
         ("achieved_msg_per_s", achieved),
@@ -489,7 +507,8 @@ async fn traffic(
         ("push_p99_ms", ms(all, 0.99)),
         ("ratio_p50", ms(all, 0.5) / ms(&topic, 0.5)),
         ("ratio_p99", ms(all, 0.99) / ms(&topic, 0.99)),
-        ("frames", (received.len() - wrong.len()) as f64),
+        ("frames", frames_received),
+        ("frames_per_s_per_push_core", per_core),
         ("lost", lost.len() as f64),
         ("duplicates", duplicates as f64),
     ] {
@@ -510,6 +529,7 @@ async fn traffic(
         "push_commit_to_frame_ms": {"p50": ms(all, 0.5), "p99": ms(all, 0.99), "max": all.max() as f64 / 1000.0},
         "ratio_p50": ms(all, 0.5) / ms(&topic, 0.5),
         "ratio_p99": ms(all, 0.99) / ms(&topic, 0.99),
+        "cpu_cores": cpu, "pushing_s": pushing_s, "frames_per_s_per_push_core": per_core,
     });
     let failure = (!lost.is_empty() || !wrong.is_empty()).then(|| {
         format!(
@@ -524,7 +544,6 @@ async fn traffic(
     Ok(Outcome { report, failure })
 }
 
-/// Connects `user`'s client, whose task notes every message.new frame it reads.
 /// The loopback address the `i`-th connection comes from: `per_address` connections
 /// from each of 127.1.0.1, 127.1.0.2, … (Linux answers for all of 127.0.0.0/8), under
 /// the gateway's bound per client address, as users behind many addresses would be.
@@ -533,6 +552,7 @@ fn source_address(i: usize, per_address: usize) -> std::net::IpAddr {
     std::net::Ipv4Addr::new(127, 1, (k / 250) as u8, (k % 250 + 1) as u8).into()
 }
 
+/// Connects `user`'s client, whose task notes every message.new frame it reads.
 async fn connect(
     url: &str,
     token: &str,

@@ -7,7 +7,8 @@ use std::time::Instant;
 
 /// The piece a process is counted under: PostgreSQL by its process title (the
 /// walsender apart, it decodes the WAL for Debezium), the stack's JVMs by the
-/// `chatpipe.stack.component` property scripts/stack gives them, ours by binary name.
+/// `chatpipe.stack.component` property scripts/stack gives them, ours by binary name (the
+/// processors by their subcommand: fanout, receipts, audit).
 fn piece(argv: &[String]) -> Option<&'static str> {
     let first = argv.first()?;
     let binary = first.split(' ').next()?.rsplit('/').next()?;
@@ -27,13 +28,20 @@ fn piece(argv: &[String]) -> Option<&'static str> {
         Some("registry") => return Some("registry"),
         _ => {}
     }
+    // The processors by their subcommand (`pipeline [--config F] fanout`).
+    if binary == "pipeline" {
+        let processor = ["fanout", "receipts", "audit"]
+            .into_iter()
+            .find(|p| argv.iter().any(|a| a == p));
+        return Some(processor.unwrap_or("pipeline"));
+    }
     [
         "ingest-api",
-        "pipeline",
         "gateway",
         "send-load",
         "read-storm",
         "cdc-latency",
+        "push-latency",
         "pgbench",
         "wrk",
     ]
@@ -119,6 +127,12 @@ mod tests {
                 Some("postgres"),
             ),
             (
+                "target/release/pipeline --config x.toml fanout",
+                Some("fanout"),
+            ),
+            ("target/release/pipeline receipts", Some("receipts")),
+            ("target/release/pipeline tail chat.events", Some("pipeline")),
+            (
                 "java -Dchatpipe.stack.component=connect -Xmx512m x",
                 Some("kafka-connect"),
             ),
@@ -142,7 +156,7 @@ mod tests {
             ("target/release/ingest-api", Some("ingest-api")),
             (
                 "/work/main/target/release/pipeline fanout",
-                Some("pipeline"),
+                Some("fanout"),
             ),
             ("bash -c pipeline", None),
         ];
