@@ -74,6 +74,10 @@ struct Args {
     deliveries_topic: String,
     #[arg(long, default_value_t = 5000)]
     connections: usize,
+    /// The first user id (default: one derived from the clock). Processes run side by
+    /// side (scripts/bench-push) each get their own range.
+    #[arg(long)]
+    first_user: Option<i64>,
     /// Connections from each client address (127.1.0.1, 127.1.0.2, …); under the
     /// gateway's `http.max_connections_per_ip` (256).
     #[arg(long, default_value_t = 200)]
@@ -129,7 +133,9 @@ async fn main() -> anyhow::Result<()> {
         Some(pid) => pid,
         None => find_pid("gateway")?,
     };
-    let first = 3_000_000 + (chatpipe_core::auth::unix_now() % 1_000_000) as i64 * 10;
+    let first = args
+        .first_user
+        .unwrap_or(3_000_000 + (chatpipe_core::auth::unix_now() % 1_000_000) as i64 * 10);
     let users: Vec<i64> = (first..first + args.connections as i64).collect();
 
     // Idle memory: RSS before and after every user connects.
