@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use chatpipe_core::auth::TokenKeys;
 use chatpipe_core::UserId;
-use futures::StreamExt;
+use futures::{SinkExt, StreamExt};
 use gateway::{Gateway, Sessions};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
@@ -26,8 +26,9 @@ async fn start_with(sessions: Sessions) -> (String, Sessions, TokenKeys) {
         sessions: sessions.clone(),
         readiness: Default::default(),
         heartbeat: Duration::from_secs(30),
-        read_buffer_bytes: 4096,
-        max_client_message_bytes: 16 * 1024,
+        // As configured (config/gateway.toml).
+        read_buffer_bytes: configured().sessions.read_buffer_bytes,
+        max_client_message_bytes: configured().sessions.max_client_message_bytes,
         shutdown,
         // No broker here: an ack a test sent would be queued and never delivered.
         signals: gateway::signals::Signals {
@@ -61,6 +62,10 @@ async fn start_with(sessions: Sessions) -> (String, Sessions, TokenKeys) {
         chatpipe_core::http::serve(listener, gw.router(), limits, std::future::pending()).await
     });
     (format!("ws://{addr}/ws"), sessions, keys)
+}
+
+fn configured() -> gateway::Settings {
+    gateway::Settings::load(None).expect("config/gateway.toml")
 }
 
 fn token(keys: &TokenKeys, user: i64) -> String {
@@ -103,6 +108,47 @@ async fn a_client_with_a_bearer_header_receives_what_is_pushed_to_its_user() {
         .unwrap();
     assert_eq!(frame, Message::text(r#"{"type":"message.new","seq":1}"#));
     ws.close(None).await.unwrap();
+}
+
+/// The read buffer is small (an idle connection's largest cost); a client frame bigger
+/// than it but within `max_client_message_bytes` is still read whole, and the session
+/// goes on. One past the bound ends the connection.
+#[tokio::test]
+async fn a_frame_larger_than_the_read_buffer_is_read_and_one_past_the_bound_ends_the_connection() {
+    let sessions = configured().sessions;
+    assert!(sessions.read_buffer_bytes < 12_000 && 12_000 < sessions.max_client_message_bytes);
+    let (url, online_now, keys) = start().await;
+    let mut ws = connect(&url, None, Some(format!("Bearer {}", token(&keys, 30)))).await;
+    online(&online_now, 30).await;
+    let big = format!(r#"{{"type":"ping","pad":"{}"}}"#, "x".repeat(12_000));
+    ws.send(Message::text(big)).await.unwrap();
+    assert_eq!(
+        online_now.push(&[UserId::of(30)], r#"{"type":"message.new","seq":1}"#),
+        1
+    );
+    let frame = loop {
+        match tokio::time::timeout(Duration::from_secs(5), ws.next()).await {
+            Ok(Some(Ok(Message::Ping(_)))) => continue,
+            other => break other,
+        }
+    };
+    assert_eq!(
+        frame.unwrap().unwrap().unwrap(),
+        Message::text(r#"{"type":"message.new","seq":1}"#),
+        "the session went on after the big frame"
+    );
+
+    let too_big = "x".repeat(sessions.max_client_message_bytes + 1);
+    let _ = ws.send(Message::text(too_big)).await;
+    // Ended: a close, an error or the end of the stream, and nothing served after it.
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), ws.next()).await {
+            Ok(Some(Ok(Message::Ping(_)))) => continue,
+            Ok(Some(Ok(Message::Text(t)))) => panic!("still served after the oversized frame: {t}"),
+            Ok(_) => break,
+            Err(_) => panic!("the connection stayed open after the oversized frame"),
+        }
+    }
 }
 
 #[tokio::test]
