@@ -137,8 +137,8 @@ where
     loop {
         tokio::select! {
             outbound = session.outbound.recv() => match outbound {
-                Some(Outbound::Frame(text, committed_at)) => {
-                    if let Err(ended) = write(&mut sink, &text, committed_at, patience).await {
+                Some(Outbound::Frame(frame)) => {
+                    if let Err(ended) = write(&mut sink, &frame.text, frame.committed_at, patience).await {
                         return ended;
                     }
                 }
@@ -183,8 +183,8 @@ where
             }
             () = &mut shutdown => {
                 // Drain: what was queued before the stop still goes out.
-                while let Ok(Outbound::Frame(text, committed_at)) = session.outbound.try_recv() {
-                    if write(&mut sink, &text, committed_at, heartbeat).await.is_err() {
+                while let Ok(Outbound::Frame(frame)) = session.outbound.try_recv() {
+                    if write(&mut sink, &frame.text, frame.committed_at, heartbeat).await.is_err() {
                         return Ended::Shutdown;
                     }
                 }

@@ -11,18 +11,30 @@ use tokio::sync::{mpsc, Notify};
 
 pub type SessionId = u64;
 
+/// A frame and when its event was committed (microseconds since the epoch) if it has
+/// one: the push latency is measured from there to the frame written.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Pushed {
+    pub text: Box<str>,
+    pub committed_at: Option<i64>,
+}
+
 /// What a connection is told to do.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outbound {
-    /// A JSON text frame, and when its event was committed (microseconds since the
-    /// epoch) if it has one: the push latency is measured from there to the frame written.
-    Frame(Arc<str>, Option<i64>),
+    /// A JSON text frame, encoded once for all its recipients. A pointer: a queue
+    /// allocates its first 32 slots when it is made, so the slot's size is part of what
+    /// every idle connection costs.
+    Frame(Arc<Pushed>),
     /// Close with this reason: the queue overflowed.
     Overflowed,
     /// Close: a newer session of the same user took this one's place
     /// (`sessions.max_sessions_per_user`).
     Replaced,
 }
+
+// A slot stays two words: the pointer and the variant (see `Outbound::Frame`).
+const _: () = assert!(std::mem::size_of::<Outbound>() == 2 * std::mem::size_of::<usize>());
 
 /// The gateway holds `sessions.max_sessions` sessions already: a new one is refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -183,7 +195,10 @@ impl Sessions {
         frame: &str,
         committed_at: Option<i64>,
     ) -> usize {
-        let frame: Arc<str> = Arc::from(frame);
+        let frame = Arc::new(Pushed {
+            text: frame.into(),
+            committed_at,
+        });
         let inner = self.inner.lock().expect("sessions lock");
         let mut delivered = 0;
         for user in users {
@@ -195,10 +210,7 @@ impl Sessions {
                     }
                     continue;
                 }
-                if tx
-                    .try_send(Outbound::Frame(frame.clone(), committed_at))
-                    .is_ok()
-                {
+                if tx.try_send(Outbound::Frame(frame.clone())).is_ok() {
                     delivered += 1;
                 }
             }
@@ -224,10 +236,10 @@ mod tests {
         );
         assert_eq!(
             phone.outbound.recv().await,
-            Some(Outbound::Frame(
-                Arc::from(r#"{"type":"message.new"}"#),
-                None
-            ))
+            Some(Outbound::Frame(Arc::new(Pushed {
+                text: r#"{"type":"message.new"}"#.into(),
+                committed_at: None
+            })))
         );
         assert!(laptop.outbound.recv().await.is_some());
         assert!(
@@ -249,7 +261,7 @@ mod tests {
             // The fast client keeps up.
             assert!(matches!(
                 fast.outbound.recv().await,
-                Some(Outbound::Frame(..))
+                Some(Outbound::Frame(_))
             ));
         }
         let mut got = Vec::new();
