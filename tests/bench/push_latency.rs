@@ -78,6 +78,11 @@ struct Args {
     /// side (scripts/bench-push) each get their own range.
     #[arg(long)]
     first_user: Option<i64>,
+    /// Start the first traffic run at this wall-clock time (seconds since the epoch), so
+    /// that processes run side by side (scripts/bench-push) send at the same time, after
+    /// all of them connected and set up.
+    #[arg(long)]
+    traffic_at: Option<u64>,
     /// Connections from each client address (127.1.0.1, 127.1.0.2, …); under the
     /// gateway's `http.max_connections_per_ip` (256).
     #[arg(long, default_value_t = 200)]
@@ -224,6 +229,15 @@ async fn main() -> anyhow::Result<()> {
     let mut reports = Vec::new();
     let mut earlier: HashSet<Delivery> = HashSet::new();
     let mut failures = Vec::new();
+    if let Some(at) = args.traffic_at {
+        let now = chatpipe_core::auth::unix_now();
+        anyhow::ensure!(
+            now <= at,
+            "set up {} s after --traffic-at: give the processes more time",
+            now - at
+        );
+        tokio::time::sleep(Duration::from_secs(at - now)).await;
+    }
     for run in 1..=args.repeat {
         let outcome = traffic(&ctx, run, &mut stats, &mut earlier, &mut runs).await?;
         if let Some(failure) = outcome.failure {
