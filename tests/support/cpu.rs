@@ -154,10 +154,7 @@ mod tests {
             ),
             ("java -Dchatpipe.stack.component=registry-auth x", None),
             ("target/release/ingest-api", Some("ingest-api")),
-            (
-                "/work/main/target/release/pipeline fanout",
-                Some("fanout"),
-            ),
+            ("/work/main/target/release/pipeline fanout", Some("fanout")),
             ("bash -c pipeline", None),
         ];
         for (line, expected) in cases {
