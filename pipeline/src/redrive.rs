@@ -18,7 +18,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use chatpipe_core::kafka::{BaseConsumer, CreateGuarded, FutureProducer};
 use rdkafka::consumer::{CommitMode, Consumer};
-use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::FutureRecord;
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -150,15 +150,10 @@ async fn send_back(
     default_source: &str,
     dlq: &str,
 ) -> anyhow::Result<()> {
-    let header = |name: &str| {
-        message.headers().and_then(|hs| {
-            hs.iter()
-                .find(|h| h.key == name)
-                .and_then(|h| h.value)
-                .map(|v| String::from_utf8_lossy(v).into_owned())
-        })
-    };
-    let source = header("source.topic").unwrap_or_else(|| default_source.to_owned());
+    // The headers the readers' dead-letter records carry (text; one that is not falls
+    // back like a missing one).
+    let header = |name: &str| crate::runtime::schemas::header_text(message, name);
+    let source = header("source.topic").unwrap_or(default_source);
     let from = format!("{dlq}/{}/{}", message.partition(), message.offset());
     let mut headers = OwnedHeaders::new().insert(Header {
         key: "redriven.from",
@@ -167,10 +162,10 @@ async fn send_back(
     if let Some(origin) = header("source.offset") {
         headers = headers.insert(Header {
             key: "source.offset",
-            value: Some(&origin),
+            value: Some(origin),
         });
     }
-    let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&source).headers(headers);
+    let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(source).headers(headers);
     if let Some(p) = header("source.partition").and_then(|p| p.parse().ok()) {
         record = record.partition(p);
     }
