@@ -292,19 +292,11 @@ impl WsClient {
     /// A client whose socket receive buffer is `bytes`: one that stops reading stalls
     /// the server's writes almost at once.
     pub async fn connect_with_recv_buffer(url: &str, token: &str, bytes: u32) -> Self {
-        let request = gateway::client::request(url, token).unwrap();
-        let host = request.uri().authority().unwrap().as_str().to_owned();
-        let addr = tokio::net::lookup_host(&host)
-            .await
-            .unwrap()
-            .next()
-            .unwrap();
         let socket = tokio::net::TcpSocket::new_v4().unwrap();
         socket.set_recv_buffer_size(bytes).unwrap();
-        let stream = socket.connect(addr).await.unwrap();
-        let (ws, _) = tokio_tungstenite::client_async(request, MaybeTlsStream::Plain(stream))
+        let ws = gateway::client::connect_over(url, token, socket)
             .await
-            .expect("upgrade");
+            .unwrap_or_else(|e| panic!("connecting to {url}: {e}"));
         Self { ws }
     }
 
