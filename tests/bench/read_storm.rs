@@ -417,7 +417,7 @@ async fn phase(
     // Every client of the storm is this process, on one address: it may hold more
     // connections than its concurrency for a moment (a pool opens a new one while an
     // answered one is being returned), which the per-address bound would refuse (503).
-    settings.http.max_connections_per_ip = settings.http.max_connections.max(args.concurrency * 2);
+    settings.http.max_connections_per_ip = settings.http.max_connections;
     settings.database.url = SecretString::from(chatpipe_tests::as_service(&url));
     settings.database.migrate_on_start = false;
     settings.registry.url = args.stack.registry.clone();

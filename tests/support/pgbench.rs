@@ -38,7 +38,8 @@ pub struct Pgbench {
 #[derive(Debug, Clone)]
 pub struct Measured {
     pub tps: f64,
-    /// Cores each piece of the machine used while pgbench ran (pgbench itself included).
+    /// Cores each other piece of the machine used while pgbench ran (pgbench and its
+    /// connections start and end within the run, so they are not counted).
     pub cpu: BTreeMap<&'static str, f64>,
     /// Checkpoints the server started meanwhile (timed or requested).
     pub checkpoints: i64,
@@ -91,6 +92,7 @@ impl Pgbench {
         admin
             .execute(format!("CREATE DATABASE {DATABASE}").as_str())
             .await?;
+        // Kept: the server's activity and checkpoints are read through it.
         let server = admin;
         let url = crate::with_database(server_url, DATABASE);
         let mut db = sqlx::PgConnection::connect(&url).await?;
