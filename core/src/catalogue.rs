@@ -167,7 +167,7 @@ pub const READER_PREFIXES: &[&str] = &[
     "audit",
 ];
 
-/// The metrics of a reader with metric prefix `prefix` (see `pipeline::runtime::reader`).
+/// The metrics of a reader with metric prefix `prefix` (see `chatpipe_runtime::reader`).
 pub fn reader_metrics(prefix: &str) -> Vec<(String, Kind, String)> {
     [
         ("records_total", Counter, "Records the reader processed."),

@@ -1,14 +1,14 @@
 //! This gateway's partition of chat.deliveries: each fanout list becomes one frame,
 //! queued for the sessions of the users on the list (and nobody else). The partition is
 //! read from its end: after a restart, clients catch up over REST, not from old lists.
-//! The reader runs on the processor runtime ([`pipeline::runtime`]) on a thread of its
+//! The reader runs on the processor runtime ([`chatpipe_runtime`]) on a thread of its
 //! own: a registry or broker outage is waited out, an undecodable list goes to
 //! `<topic>.dlq`, and a stalled reader turns `/readyz` red.
 
+use chatpipe_runtime::{Failure, Position, Processor};
 use chatpipe_schemas::delivery::{
     Delivery, DELIVERY_UPDATED, MESSAGE_DELETED, MESSAGE_EDITED, MESSAGE_NEW, READ_UPDATED, TYPING,
 };
-use pipeline::runtime::{Failure, Position, Processor};
 use serde_json::json;
 
 use crate::sessions::Sessions;

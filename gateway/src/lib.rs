@@ -26,11 +26,11 @@ use chatpipe_core::auth::{unix_now, AuthError, AuthSettings, TokenKeys, Verified
 use chatpipe_core::config::{KafkaSettings, RegistrySettings};
 use chatpipe_core::kafka::CreateGuarded;
 use chatpipe_core::startup::wait_for;
-use chatpipe_schemas::registry::incompatible;
-use futures::StreamExt;
-use pipeline::runtime::{
+use chatpipe_runtime::{
     Reader, ReaderSettings, ReaderSpec, Readiness, Source, Supervisor, WriterSchemas,
 };
+use chatpipe_schemas::registry::incompatible;
+use futures::StreamExt;
 use serde::Deserialize;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -362,7 +362,7 @@ pub async fn run(
         "gateway listening"
     );
     let admin_stop = stopped(stop_rx.clone());
-    let admin_router = pipeline::runtime::http::router(gateway.readiness.clone());
+    let admin_router = chatpipe_runtime::http::router(gateway.readiness.clone());
     tokio::spawn(chatpipe_core::http::serve(
         admin,
         admin_router,
@@ -409,7 +409,7 @@ pub async fn admin_listener(settings: &Settings) -> anyhow::Result<tokio::net::T
 }
 
 /// The configured partition must exist: a gateway reading nothing would look healthy.
-fn check_partition<P: pipeline::runtime::Processor>(
+fn check_partition<P: chatpipe_runtime::Processor>(
     reader: &Reader<P>,
     d: &DeliveriesSettings,
 ) -> anyhow::Result<()> {

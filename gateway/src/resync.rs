@@ -17,7 +17,7 @@
 
 use std::time::Duration;
 
-use pipeline::runtime::Readiness;
+use chatpipe_runtime::Readiness;
 use tokio::time::Instant;
 
 use crate::sessions::Sessions;

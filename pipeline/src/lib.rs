@@ -4,6 +4,5 @@ pub mod audit;
 pub mod fanout;
 pub mod receipts;
 pub mod redrive;
-pub mod runtime;
 pub mod settings;
 pub mod tail;

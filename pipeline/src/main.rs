@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::Context;
+use chatpipe_runtime::{Readiness, Supervisor};
 use clap::{Parser, Subcommand};
-use pipeline::runtime::{Readiness, Supervisor};
 use pipeline::settings::Settings;
 
 #[derive(Parser)]
@@ -88,7 +88,7 @@ async fn main() -> anyhow::Result<()> {
             pipeline::audit::report::router(audit)
         }
     };
-    pipeline::runtime::http::serve_with(&settings.http.metrics_addr, readiness, extra_routes)
+    chatpipe_runtime::http::serve_with(&settings.http.metrics_addr, readiness, extra_routes)
         .await
         .context("serving http.metrics_addr")?;
     tokio::spawn(async move {

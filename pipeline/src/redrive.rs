@@ -1,7 +1,7 @@
 //! `pipeline redrive --topic <source>.dlq`: puts dead letters back on the topic they
 //! came from, once the cause is gone (a registry that lost schemas and has them again, a
 //! bug fixed in a new release). Each record goes to its `source.topic` and
-//! `source.partition` (the headers the readers write, `runtime::dead_letter`) with its
+//! `source.partition` (the headers the readers write, `chatpipe_runtime::dead_letter`) with its
 //! key and value unchanged and a `redriven.from` header; the processors' consumers are
 //! idempotent (watermarks only move up, pushes carry their seq), so a record applied
 //! twice changes nothing.
@@ -152,7 +152,7 @@ async fn send_back(
 ) -> anyhow::Result<()> {
     // The headers the readers' dead-letter records carry (text; one that is not falls
     // back like a missing one).
-    let header = |name: &str| crate::runtime::schemas::header_text(message, name);
+    let header = |name: &str| chatpipe_runtime::schemas::header_text(message, name);
     let source = header("source.topic").unwrap_or(default_source);
     let from = format!("{dlq}/{}/{}", message.partition(), message.offset());
     let mut headers = OwnedHeaders::new().insert(Header {

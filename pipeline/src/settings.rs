@@ -23,7 +23,7 @@ pub struct Settings {
     pub audit: AuditSettings,
     pub http: HttpSettings,
     pub fault: FaultSettings,
-    pub readers: crate::runtime::ReaderSettings,
+    pub readers: chatpipe_runtime::ReaderSettings,
 }
 
 #[derive(Debug, Clone, Deserialize)]

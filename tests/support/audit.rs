@@ -32,16 +32,16 @@ impl Pipeline {
     pub async fn start_audit(&self, settings: pipeline::settings::Settings) -> RunningAudit {
         chatpipe_core::telemetry::init_logging();
         let stop = Arc::new(AtomicBool::new(false));
-        let readiness = pipeline::runtime::Readiness::default();
+        let readiness = chatpipe_runtime::Readiness::default();
         let audit = pipeline::audit::Audit::new(&settings);
-        let mut supervisor = pipeline::runtime::Supervisor::new(stop.clone());
+        let mut supervisor = chatpipe_runtime::Supervisor::new(stop.clone());
         pipeline::audit::spawn(&settings, &mut supervisor, &readiness, audit.clone())
             .expect("the auditor starts");
         let done = tokio::spawn(supervisor.wait());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let app = pipeline::runtime::http::router(readiness)
-            .merge(pipeline::audit::report::router(audit));
+        let app =
+            chatpipe_runtime::http::router(readiness).merge(pipeline::audit::report::router(audit));
         tokio::spawn(async move { axum::serve(listener, app).await });
         RunningAudit {
             base: format!("http://{addr}"),

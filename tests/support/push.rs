@@ -48,7 +48,7 @@ impl Pipeline {
         chatpipe_core::telemetry::init_logging();
         let stop = Arc::new(AtomicBool::new(false));
         let status = Arc::new(pipeline::fanout::Status::default());
-        let readiness = pipeline::runtime::Readiness::default();
+        let readiness = chatpipe_runtime::Readiness::default();
         let (flag, st, r) = (stop.clone(), status.clone(), readiness.clone());
         let thread =
             std::thread::spawn(move || pipeline::fanout::run_with(&settings, flag, st, &r));
@@ -182,7 +182,7 @@ pub struct FanoutProcessor {
     stop: Arc<AtomicBool>,
     pub status: Arc<pipeline::fanout::Status>,
     /// Its readers' state, as its `/readyz` would report it.
-    pub readiness: pipeline::runtime::Readiness,
+    pub readiness: chatpipe_runtime::Readiness,
     thread: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
 }
 

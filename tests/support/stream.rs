@@ -257,7 +257,7 @@ impl Pipeline {
     pub fn start_receipts(&self, settings: pipeline::settings::Settings) -> ReceiptsProcessor {
         chatpipe_core::telemetry::init_logging();
         let stop = Arc::new(AtomicBool::new(false));
-        let readiness = pipeline::runtime::Readiness::default();
+        let readiness = chatpipe_runtime::Readiness::default();
         let (flag, r) = (stop.clone(), readiness.clone());
         let thread = std::thread::spawn(move || pipeline::receipts::run_with(&settings, flag, &r));
         ReceiptsProcessor {
@@ -309,7 +309,7 @@ pub async fn topic_exists(topic: &str) -> bool {
 pub struct ReceiptsProcessor {
     stop: Arc<AtomicBool>,
     /// Its readers' state, as its `/readyz` would report it.
-    pub readiness: pipeline::runtime::Readiness,
+    pub readiness: chatpipe_runtime::Readiness,
     thread: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
 }
 
@@ -336,7 +336,7 @@ impl ReceiptsProcessor {
 
 /// The partitions held by the readers of a process whose names start with `readers`
 /// (`receipts`, `fanout-events`), sorted.
-pub fn held_partitions(readiness: &pipeline::runtime::Readiness, readers: &str) -> Vec<i32> {
+pub fn held_partitions(readiness: &chatpipe_runtime::Readiness, readers: &str) -> Vec<i32> {
     let mut held: Vec<i32> = readiness
         .report()
         .into_iter()
@@ -350,7 +350,7 @@ pub fn held_partitions(readiness: &pipeline::runtime::Readiness, readers: &str) 
 /// Waits until `holds` is true of the partitions every process's `readers` hold; fails
 /// at the deadline with what each held.
 pub async fn wait_for_partitions(
-    processes: &[&pipeline::runtime::Readiness],
+    processes: &[&chatpipe_runtime::Readiness],
     readers: &str,
     deadline: Duration,
     holds: impl Fn(&[i32]) -> bool,

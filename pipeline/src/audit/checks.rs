@@ -31,8 +31,8 @@ use super::keeper::{Action, Keeper, KeeperReport};
 use super::outbox::Backlog;
 use super::topology::{Topology, TopologyReport};
 use super::{alarm, Audit};
-use crate::runtime::ReaderHealth;
 use crate::settings::{AuditSettings, Settings};
+use chatpipe_runtime::ReaderHealth;
 
 /// The latest results, for `/report`.
 #[derive(Debug, Clone, Default, Serialize)]

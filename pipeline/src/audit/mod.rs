@@ -34,12 +34,12 @@ use rdkafka::Message;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::runtime::{
+use crate::settings::Settings;
+use alarms::Alarms;
+use chatpipe_runtime::{
     reader_runtime, Decode, Failure, Position, Processor, ReaderHealth, ReaderSpec, Readiness,
     Supervisor, WriterSchemas,
 };
-use crate::settings::Settings;
-use alarms::Alarms;
 use ledger::{Finding, Gap, Ledger, Regression};
 
 /// Alarm names (the `alarm` label of `audit_alarm`).
@@ -336,7 +336,7 @@ fn run_events(
         )),
         false => None,
     };
-    let reader = crate::runtime::Reader::new(
+    let reader = chatpipe_runtime::Reader::new(
         spec,
         settings.kafka.client(),
         Auditor {

@@ -25,9 +25,9 @@ use uuid::Uuid;
 
 use super::alarm;
 use super::alarms::Alarms;
-use crate::runtime::schemas::header_text;
-use crate::runtime::Failure;
 use crate::settings::AuditSettings;
+use chatpipe_runtime::schemas::header_text;
+use chatpipe_runtime::Failure;
 
 /// The outbox row a `chat.events` record came from: the EventRouter's `id` header.
 pub fn row_id(message: &impl Message) -> Option<Uuid> {

@@ -17,7 +17,7 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 
 use super::key_conversation;
 use super::members::{Conversation, Members};
-use crate::runtime::{Failure, WriterSchemas};
+use chatpipe_runtime::{Failure, WriterSchemas};
 
 pub struct Changelog {
     pub topic: String,

@@ -19,8 +19,8 @@ use super::commits::{ChangelogWrite, ChangelogWrites, DeliveryReport, PendingOff
 use super::members::{Change, Conversation, Members};
 use super::plan::{self, Coalescer, Routed};
 use super::{key_conversation, now_ms, Status, Versioned};
-use crate::runtime::{Failure, Position, Processor, WriterSchemas};
 use crate::settings::FanoutSettings;
+use chatpipe_runtime::{Failure, Position, Processor, WriterSchemas};
 
 pub struct Fanout {
     pub handle: Handle,

@@ -4,7 +4,7 @@
 //! and produces fanout lists to chat.deliveries, one record per gateway on that
 //! gateway's partition ([`plan`], [`events`]).
 //!
-//! Two readers on the processor runtime ([`crate::runtime`]), each on its own thread:
+//! Two readers on the processor runtime ([`chatpipe_runtime`]), each on its own thread:
 //! `fanout-presence` (every partition of chat.presence, from the beginning) and
 //! `fanout-events` (chat.events, shared by the group). Offsets are committed once the
 //! lists and changelog writes of the records before them are acknowledged ([`commits`]);
@@ -40,13 +40,13 @@ use rdkafka::consumer::Consumer;
 use rdkafka::producer::ThreadedProducer;
 use rdkafka::Offset;
 
-use crate::runtime::schemas::header_text;
-use crate::runtime::{
+use crate::settings::Settings;
+use changelog::Changelog;
+use chatpipe_runtime::schemas::header_text;
+use chatpipe_runtime::{
     reader_runtime, retry_until, Decode, Failure, Reader, ReaderHealth, ReaderSpec, Readiness,
     Source, Supervisor, WriterSchemas,
 };
-use crate::settings::Settings;
-use changelog::Changelog;
 use commits::{ChangelogWrites, DeliveryReport, PendingOffsets, Unacked};
 use events::Fanout;
 use members::Members;

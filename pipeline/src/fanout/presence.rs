@@ -14,7 +14,7 @@ use rdkafka::Message;
 
 use super::online::Gateway;
 use super::Status;
-use crate::runtime::{Decode, Failure, Position, Processor, WriterSchemas};
+use chatpipe_runtime::{Decode, Failure, Position, Processor, WriterSchemas};
 
 /// One chat.presence record: a user's sessions on one gateway, or a tombstone.
 pub struct PresenceRecord {

@@ -30,8 +30,8 @@ use tokio::runtime::Handle;
 
 use super::plan::{self, Routed};
 use super::Status;
-use crate::runtime::{Failure, Position, Processor};
 use crate::settings::FanoutSettings;
+use chatpipe_runtime::{Failure, Position, Processor};
 
 pub struct Typing {
     pub handle: Handle,

@@ -7,7 +7,7 @@
 //! A crash between the two replays the window, which changes nothing. Revoked partitions
 //! are flushed before they are given up.
 //!
-//! It runs on the processor runtime ([`crate::runtime`]): undecodable receipts go to
+//! It runs on the processor runtime ([`chatpipe_runtime`]): undecodable receipts go to
 //! `<topic>.dlq`; a flush that fails (PostgreSQL restarting) is kept and retried with
 //! backoff while the reader holds its position, so no receipt answered 202 is lost.
 
@@ -25,11 +25,11 @@ use sqlx::PgPool;
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 
-use crate::runtime::{
+use crate::settings::Settings;
+use chatpipe_runtime::{
     reader_runtime, Failure, Position, Processor, Reader, ReaderHealth, ReaderSpec, Readiness,
     Supervisor, WriterSchemas,
 };
-use crate::settings::Settings;
 use window::{Batch, Window};
 
 /// Which watermark a reader's receipts move.
@@ -221,7 +221,7 @@ fn run_one(
     let cfg = &settings.receipts;
     let rt = reader_runtime()?;
     let registry = settings.registry_client()?;
-    let Some((codec, pool)) = crate::runtime::retry_until(stop, &settings.readers, name, || {
+    let Some((codec, pool)) = chatpipe_runtime::retry_until(stop, &settings.readers, name, || {
         rt.block_on(async {
             let codec = registry
                 .event_codec_for(&settings.registry.events_subject)

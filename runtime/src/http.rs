@@ -6,7 +6,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
 
-use super::Readiness;
+use crate::Readiness;
 
 /// The routes, for a service that serves them on a listener of its own.
 pub fn router(readiness: Readiness) -> Router {

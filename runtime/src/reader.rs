@@ -14,7 +14,7 @@
 //!   go on), and tries the same record again after a capped exponential backoff with
 //!   jitter, for as long as it takes. Nothing is skipped, nothing dead-lettered, and the
 //!   reader never exits because something it depends on is down. While it holds, and
-//!   whenever records wait without progress, `/readyz` says so ([`super::health`]).
+//!   whenever records wait without progress, `/readyz` says so ([`crate::health`]).
 //!
 //! The processor's periodic work ([`Processor::tick`]: a receipts flush) fails and is
 //! held the same way.
@@ -31,10 +31,10 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::OwnedMessage;
 use rdkafka::{ClientConfig, ClientContext, Message, Offset, TopicPartitionList};
 
-use super::health::ReaderHealth;
-use super::retry::{Backoff, ReaderSettings};
-use super::schemas::{Decode, WriterSchemas};
-use super::Failure;
+use crate::health::ReaderHealth;
+use crate::retry::{Backoff, ReaderSettings};
+use crate::schemas::{Decode, WriterSchemas};
+use crate::Failure;
 
 /// Where a record was read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -435,7 +435,7 @@ impl<P: Processor> Core<P> {
         };
         match &spec.dead_letters {
             Some(dlq_topic) => {
-                self.handle.block_on(super::dead_letter::write(
+                self.handle.block_on(crate::dead_letter::write(
                     &self.dlq, dlq_topic, message, reason,
                 ))?;
                 tracing::warn!(reader = %spec.name, partition = at.partition, offset = at.offset, error = reason, "bad record: to {dlq_topic}");

@@ -14,7 +14,7 @@ use chatpipe_schemas::ChatEvent;
 use rdkafka::Message;
 use tokio::runtime::Handle;
 
-use super::Failure;
+use crate::Failure;
 
 /// Writer schemas by id, held by one reader thread.
 pub struct WriterSchemas {
@@ -27,7 +27,7 @@ pub struct WriterSchemas {
 
 impl WriterSchemas {
     /// `handle` must belong to a runtime with a worker thread of its own (see
-    /// [`super::reader_runtime`]): lookups block the reader thread on it.
+    /// [`crate::reader_runtime`]): lookups block the reader thread on it.
     pub fn new(registry: Registry, handle: Handle) -> Self {
         Self {
             cache: HashMap::new(),

@@ -47,6 +47,7 @@ impl From<LookupError> for Failure {
 /// Every database error is an outage from a reader's point of view: the statements are
 /// ours and the values were validated when the record was decoded, so what fails is the
 /// connection, the server restarting, or a pool that cannot connect.
+#[cfg(feature = "sqlx")]
 impl From<sqlx::Error> for Failure {
     fn from(e: sqlx::Error) -> Self {
         Self::Retriable(e.into())
