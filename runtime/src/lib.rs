@@ -1,6 +1,7 @@
 //! The processor runtime: what every reader of chatpipe (the receipts aggregator, fanout
 //! and its presence table, the gateway's deliveries) runs on.
 //!
+//! - [`boot`]: a reader thread, from gathering what its processor needs to running it.
 //! - [`reader`]: the consumer shell. A [`Processor`] (state + side effect) plugs into
 //!   it; the shell decodes, applies, dead-letters poison, commits after the side
 //!   effect, and holds its position through outages, retrying with backoff.
@@ -10,6 +11,7 @@
 //! - [`supervisor`]: a task that dies takes the process down with it, loudly.
 //! - [`http`]: `/healthz`, `/readyz`, `/metrics`.
 
+pub mod boot;
 pub mod dead_letter;
 pub mod failure;
 pub mod health;
@@ -19,6 +21,7 @@ pub mod retry;
 pub mod schemas;
 pub mod supervisor;
 
+pub use boot::ReaderThread;
 pub use failure::Failure;
 pub use health::{ReaderHealth, Readiness};
 pub use reader::{Position, Processor, Reader, ReaderSpec, Source};

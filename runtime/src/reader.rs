@@ -985,7 +985,7 @@ impl<P: Processor> Reader<P> {
                 hold.attempts += 1;
                 hold.retry_at = Instant::now() + wait;
                 // Quiet while it lasts: a line for each of the first 5 attempts, then every 10th.
-                if hold.attempts <= 5 || hold.attempts % 10 == 0 {
+                if hold.attempts <= 5 || hold.attempts.is_multiple_of(10) {
                     tracing::warn!(reader = %self.spec().name, attempts = hold.attempts, retry_in_ms = wait.as_millis() as u64, "still failing: {failure}");
                 }
                 self.core.shared.metrics.retries.increment(1);

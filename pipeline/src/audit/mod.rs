@@ -37,7 +37,7 @@ use tokio::time::Instant;
 use crate::settings::Settings;
 use alarms::Alarms;
 use chatpipe_runtime::{
-    reader_runtime, Decode, Failure, Position, Processor, ReaderHealth, ReaderSpec, Readiness,
+    Decode, Failure, Position, Processor, ReaderHealth, ReaderSpec, ReaderThread, Readiness,
     Supervisor, WriterSchemas,
 };
 use ledger::{Finding, Gap, Ledger, Regression};
@@ -314,8 +314,12 @@ fn run_events(
     audit: Audit,
 ) -> anyhow::Result<()> {
     let cfg = &settings.audit;
-    let rt = reader_runtime()?;
-    let registry = settings.registry_client()?;
+    let thread = ReaderThread::new(
+        settings.kafka.client(),
+        settings.registry_client()?,
+        health,
+        &settings.readers,
+    )?;
     let mut spec = ReaderSpec::group(
         "audit-events",
         "audit",
@@ -326,27 +330,20 @@ fn run_events(
     );
     // Fanout dead-letters undecodable events; the auditor only counts them.
     spec.dead_letters = None;
-    // sqlx's pool starts its maintenance task on the runtime it is made in.
-    let _entered = rt.enter();
     let confirmer = match settings.outbox.retain_until_confirmed {
-        true => Some(outbox::Confirmer::new(
-            cfg,
-            settings.database.connect_lazy()?,
-            rt.handle().clone(),
-        )),
+        true => {
+            // sqlx's pool starts its maintenance task on the runtime it is made in.
+            let handle = thread.handle();
+            let _entered = handle.enter();
+            let pool = settings.database.connect_lazy()?;
+            Some(outbox::Confirmer::new(cfg, pool, thread.handle()))
+        }
         false => None,
     };
-    let reader = chatpipe_runtime::Reader::new(
-        spec,
-        settings.kafka.client(),
-        Auditor {
-            audit,
-            next: Default::default(),
-            confirmer,
-        },
-        WriterSchemas::new(registry, rt.handle().clone()),
-        health,
-        rt.handle().clone(),
-    )?;
-    reader.run(stop)
+    let auditor = Auditor {
+        audit,
+        next: Default::default(),
+        confirmer,
+    };
+    thread.run(spec, auditor, stop)
 }

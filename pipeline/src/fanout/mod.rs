@@ -44,8 +44,8 @@ use crate::settings::Settings;
 use changelog::Changelog;
 use chatpipe_runtime::schemas::header_text;
 use chatpipe_runtime::{
-    reader_runtime, retry_until, Decode, Failure, Reader, ReaderHealth, ReaderSpec, Readiness,
-    Source, Supervisor, WriterSchemas,
+    retry_until, Decode, Failure, ReaderHealth, ReaderSpec, ReaderThread, Readiness, Source,
+    Supervisor, WriterSchemas,
 };
 use commits::{ChangelogWrites, DeliveryReport, PendingOffsets, Unacked};
 use events::Fanout;
@@ -159,16 +159,19 @@ fn run_typing(
     status: Arc<Status>,
 ) -> anyhow::Result<()> {
     let cfg = settings.fanout.clone();
-    let rt = reader_runtime()?;
-    let registry = settings.registry_client()?;
-    let started = retry_until(stop, &settings.readers, "fanout-typing: starting", || {
-        rt.block_on(async {
-            let codec = registry
-                .delivery_codec_for(&format!("{}-value", cfg.deliveries_topic))
-                .await?;
-            let pool = settings.database.connect().await?;
-            anyhow::Ok((codec, pool))
-        })
+    let thread = ReaderThread::new(
+        settings.kafka.client(),
+        settings.registry_client()?,
+        health,
+        &settings.readers,
+    )?;
+    let started = thread.start(stop, "fanout-typing: starting", || async {
+        let codec = thread
+            .registry()
+            .delivery_codec_for(&format!("{}-value", cfg.deliveries_topic))
+            .await?;
+        let pool = settings.database.connect().await?;
+        anyhow::Ok((codec, pool))
     });
     let Some((codec, pool)) = started else {
         return Ok(());
@@ -182,7 +185,7 @@ fn run_typing(
         .create_guarded()
         .context("creating the typing producer")?;
     let processor = typing::Typing {
-        handle: rt.handle().clone(),
+        handle: thread.handle(),
         pool,
         codec,
         producer,
@@ -202,15 +205,7 @@ fn run_typing(
         cfg.max_poll_ms,
         &settings.readers,
     );
-    let reader = Reader::new(
-        spec,
-        settings.kafka.client(),
-        processor,
-        WriterSchemas::new(registry, rt.handle().clone()),
-        health,
-        rt.handle().clone(),
-    )?;
-    reader.run(stop)
+    thread.run(spec, processor, stop)
 }
 
 /// Runs the fanout processor until `stop` is set. Blocking: call it from a thread.
@@ -238,8 +233,12 @@ fn run_presence(
     caught_up: Arc<AtomicBool>,
 ) -> anyhow::Result<()> {
     let cfg = &settings.fanout;
-    let rt = reader_runtime()?;
-    let registry = settings.registry_client()?;
+    let thread = ReaderThread::new(
+        settings.kafka.client(),
+        settings.registry_client()?,
+        health,
+        &settings.readers,
+    )?;
     let spec = ReaderSpec {
         name: "fanout-presence".into(),
         metric: "fanout_presence",
@@ -260,14 +259,7 @@ fn run_presence(
             ends: HashMap::new(),
             caught_up: caught_up.clone(),
         };
-        let reader = Reader::new(
-            spec.clone(),
-            settings.kafka.client(),
-            table,
-            WriterSchemas::new(registry.clone(), rt.handle().clone()),
-            health.clone(),
-            rt.handle().clone(),
-        )?;
+        let reader = thread.reader(spec.clone(), table)?;
         // The table is "caught up" once it has read what the topic held at start.
         let mut ends = HashMap::new();
         for p in reader.partitions()? {
@@ -326,10 +318,19 @@ fn run_events(
     caught_up: Arc<AtomicBool>,
 ) -> anyhow::Result<()> {
     let cfg = settings.fanout.clone();
-    let rt = reader_runtime()?;
-    let registry = settings.registry_client()?;
-    let started = retry_until(stop, &settings.readers, "fanout-events: starting", || {
-        let result = rt.block_on(async {
+    let thread = ReaderThread::new(
+        settings.kafka.client(),
+        settings.registry_client()?,
+        health,
+        &settings.readers,
+    )?;
+    let started = thread.start(stop, "fanout-events: starting", || {
+        // Asked of the broker outside the runtime (librdkafka blocks).
+        let copartitioned =
+            check_copartitioned(&settings.kafka, &cfg.events_topic, &cfg.changelog_topic);
+        async {
+            copartitioned?;
+            let registry = thread.registry();
             let codec = registry
                 .delivery_codec_for(&format!("{}-value", cfg.deliveries_topic))
                 .await?;
@@ -338,9 +339,7 @@ fn run_events(
                 .await?;
             let pool = settings.database.connect().await?;
             anyhow::Ok((codec, changelog, pool))
-        })?;
-        check_copartitioned(&settings.kafka, &cfg.events_topic, &cfg.changelog_topic)?;
-        Ok(result)
+        }
     });
     let Some((codec, changelog_codec, pool)) = started else {
         return Ok(());
@@ -350,7 +349,7 @@ fn run_events(
         if stop.load(Ordering::Relaxed) {
             return Ok(());
         }
-        health.polled();
+        thread.health().polled();
         std::thread::sleep(Duration::from_millis(20));
     }
     let unacked = Arc::new(Unacked::default());
@@ -368,8 +367,8 @@ fn run_events(
     )
     .context("creating the deliveries producer")?;
     let fanout = Fanout {
-        handle: rt.handle().clone(),
-        schemas: WriterSchemas::new(registry.clone(), rt.handle().clone()),
+        handle: thread.handle(),
+        schemas: WriterSchemas::new(thread.registry().clone(), thread.handle()),
         pool,
         codec,
         producer,
@@ -400,14 +399,6 @@ fn run_events(
         cfg.max_poll_ms,
         &settings.readers,
     );
-    let reader = Reader::new(
-        spec,
-        settings.kafka.client(),
-        fanout,
-        WriterSchemas::new(registry, rt.handle().clone()),
-        health,
-        rt.handle().clone(),
-    )?;
     tracing::info!(topic = %cfg.events_topic, group = %cfg.group, "fanout running");
-    reader.run(stop)
+    thread.run(spec, fanout, stop)
 }

@@ -27,8 +27,7 @@ use tokio::time::Instant;
 
 use crate::settings::Settings;
 use chatpipe_runtime::{
-    reader_runtime, Failure, Position, Processor, Reader, ReaderHealth, ReaderSpec, Readiness,
-    Supervisor, WriterSchemas,
+    Failure, Position, Processor, ReaderHealth, ReaderSpec, ReaderThread, Readiness, Supervisor,
 };
 use window::{Batch, Window};
 
@@ -219,22 +218,25 @@ fn run_one(
     health: Arc<ReaderHealth>,
 ) -> anyhow::Result<()> {
     let cfg = &settings.receipts;
-    let rt = reader_runtime()?;
-    let registry = settings.registry_client()?;
-    let Some((codec, pool)) = chatpipe_runtime::retry_until(stop, &settings.readers, name, || {
-        rt.block_on(async {
-            let codec = registry
-                .event_codec_for(&settings.registry.events_subject)
-                .await?;
-            let pool = settings.database.connect().await?;
-            anyhow::Ok((codec, pool))
-        })
+    let thread = ReaderThread::new(
+        settings.kafka.client(),
+        settings.registry_client()?,
+        health,
+        &settings.readers,
+    )?;
+    let Some((codec, pool)) = thread.start(stop, name, || async {
+        let codec = thread
+            .registry()
+            .event_codec_for(&settings.registry.events_subject)
+            .await?;
+        let pool = settings.database.connect().await?;
+        anyhow::Ok((codec, pool))
     }) else {
         return Ok(());
     };
     let processor = Receipts {
         mark,
-        handle: rt.handle().clone(),
+        handle: thread.handle(),
         pool,
         outbox: Outbox::new(codec, settings.outbox.retain_until_confirmed),
         window: Window::new(
@@ -257,13 +259,5 @@ fn run_one(
         cfg.max_poll_ms,
         &settings.readers,
     );
-    let reader = Reader::new(
-        spec,
-        settings.kafka.client(),
-        processor,
-        WriterSchemas::new(registry, rt.handle().clone()),
-        health,
-        rt.handle().clone(),
-    )?;
-    reader.run(stop)
+    thread.run(spec, processor, stop)
 }
