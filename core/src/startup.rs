@@ -1,6 +1,7 @@
 //! Waiting at start for what a service needs. Started beside the registry, the broker
 //! and the database (a compose file, a Kubernetes pod, a reboot), a service may come up
-//! first: it retries instead of exiting, logging each failure, for a bounded time.
+//! first: it retries instead of exiting, logging each failure, for a bounded time. And
+//! the signal that stops every service: [`shutdown_signal`].
 
 use std::future::Future;
 use std::time::Duration;
@@ -110,4 +111,13 @@ mod tests {
             "{waited:?}"
         );
     }
+}
+
+/// Resolves when the process is asked to stop: SIGINT (Ctrl-C) or SIGTERM (what a
+/// process manager, Kubernetes or `scripts/demo stop` sends). Every service drains and
+/// stops on it.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
+    tokio::select! { _ = tokio::signal::ctrl_c() => {}, _ = term.recv() => {} }
 }

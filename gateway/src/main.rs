@@ -146,9 +146,7 @@ fn ack_for(frame: &str) -> Option<String> {
 }
 
 async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("SIGTERM handler");
-    tokio::select! { _ = tokio::signal::ctrl_c() => {}, _ = term.recv() => {} }
+    chatpipe_core::startup::shutdown_signal().await;
     tracing::info!("stopping: draining queues, closing connections with 1001");
 }
 

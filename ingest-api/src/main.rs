@@ -46,7 +46,8 @@ async fn main() -> anyhow::Result<()> {
             chatpipe_core::telemetry::build_info("ingest-api");
             let app = Application::build(settings).await?;
             tracing::info!(addr = %app.local_addr(), admin = %app.admin_addr(), "ingest-api listening");
-            app.run_until_stopped(startup::shutdown_signal()).await?;
+            app.run_until_stopped(chatpipe_core::startup::shutdown_signal())
+                .await?;
         }
         Command::CheckConfig => {
             ingest_api::routes::demo::check(&settings.demo, settings.http.addr)?;

@@ -92,16 +92,10 @@ async fn main() -> anyhow::Result<()> {
         .await
         .context("serving http.metrics_addr")?;
     tokio::spawn(async move {
-        shutdown_signal().await;
+        chatpipe_core::startup::shutdown_signal().await;
         tracing::info!("stopping: finishing open work, committing, leaving the group");
         stop.store(true, Ordering::Relaxed);
     });
     // A reader that dies makes the process exit non-zero (its manager restarts it).
     supervisor.wait().await
-}
-
-async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("SIGTERM handler");
-    tokio::select! { _ = tokio::signal::ctrl_c() => {}, _ = term.recv() => {} }
 }
