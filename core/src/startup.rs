@@ -54,6 +54,15 @@ where
     }
 }
 
+/// Resolves when the process is asked to stop: SIGINT (Ctrl-C) or SIGTERM (what a
+/// process manager, Kubernetes or `scripts/demo stop` sends). Every service drains and
+/// stops on it.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
+    tokio::select! { _ = tokio::signal::ctrl_c() => {}, _ = term.recv() => {} }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,13 +120,4 @@ mod tests {
             "{waited:?}"
         );
     }
-}
-
-/// Resolves when the process is asked to stop: SIGINT (Ctrl-C) or SIGTERM (what a
-/// process manager, Kubernetes or `scripts/demo stop` sends). Every service drains and
-/// stops on it.
-pub async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
-    tokio::select! { _ = tokio::signal::ctrl_c() => {}, _ = term.recv() => {} }
 }
