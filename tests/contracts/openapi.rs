@@ -74,8 +74,8 @@ async fn every_documented_operation_is_served_and_no_other_method_on_its_path() 
             let body: Value = res.json().await.unwrap_or(Value::Null);
             if documented {
                 assert!(
-                    status != 405 && body["detail"] != "no such route",
-                    "{} {template} is documented but not served: {status} {body}",
+                    status != 405 && status < 500 && body["detail"] != "no such route",
+                    "{} {template} is documented but not served (or failed): {status} {body}",
                     method.to_uppercase()
                 );
                 checked += 1;

@@ -15,8 +15,11 @@ mod typing;
 
 use std::time::Duration;
 
+use chatpipe_schemas::ChatEvent;
 use chatpipe_tests::push::Seen;
-use chatpipe_tests::stream::{spawn_pipeline, spawn_pipeline_with};
+use chatpipe_tests::stream::{
+    end_offsets, messages, spawn_pipeline, spawn_pipeline_with, wait_until_consumed,
+};
 use serde_json::Value;
 
 /// How long a push may take end to end before a test gives up (CDC included).
@@ -300,13 +303,14 @@ async fn an_ack_over_the_websocket_moves_the_delivery_watermark_and_a_strangers_
     );
     let (read, delivered) = p.app.watermarks(conversation, bob).await;
     assert_eq!((read, delivered), (0, seq));
-    assert_eq!(
-        p.app
-            .count(&format!(
-                "SELECT count(*) FROM conversation_member WHERE user_id = {stranger}"
-            ))
-            .await,
-        0
+    // The stranger's ack reached the acks topic and the receipts processor went past it
+    // (its group committed the topic's end)...
+    let acks_group = format!("{}-acks", p.ns);
+    wait_until_consumed(&acks_group, &p.acks_topic, PUSH_DEADLINE).await;
+    assert!(
+        end_offsets(&p.acks_topic).await >= 2,
+        "the stranger's ack and Bob's are both on {}",
+        p.acks_topic
     );
     // Bob's connection is still open: the next message reaches it.
     let next = p
@@ -317,6 +321,21 @@ async fn an_ack_over_the_websocket_moves_the_delivery_watermark_and_a_strangers_
     bob_ws
         .until(PUSH_DEADLINE, is_message(conversation, next))
         .await;
+    // ...and chat.events, up to the message sent after it was applied (one partition per
+    // conversation, in commit order), moved no delivery watermark but Bob's.
+    let records = p
+        .consume_until(PUSH_DEADLINE, |records| {
+            messages(records).contains(&(conversation, next))
+        })
+        .await;
+    let moved: Vec<i64> = records
+        .iter()
+        .filter_map(|r| match &r.event {
+            ChatEvent::DeliveryUpdated(d) => Some(d.user_id.get()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(moved, vec![bob], "delivery.updated events on chat.events");
     gw.stop().await.unwrap();
     p.cleanup().await;
 }
