@@ -4,7 +4,9 @@ use std::time::Duration;
 use chatpipe_schemas::ChatEvent;
 use chatpipe_tests::stream::{spawn_pipeline, Record};
 use futures::future::join_all;
+use serde_json::json;
 use sqlx::Connection;
+use uuid::Uuid;
 
 fn message_seqs(records: &[Record]) -> BTreeMap<i64, Vec<i64>> {
     let mut seqs: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
@@ -182,6 +184,60 @@ async fn two_thousand_messages_over_twenty_conversations_all_arrive_in_seq_order
         );
     }
     every_outbox_row_is_on_the_topic(&p, &records).await;
+    p.cleanup().await;
+}
+
+/// Sends at once into one conversation through two ingest-api processes: each batches
+/// its own (group commit), and the conversation's row lock orders the two. On chat.events
+/// the conversation's messages are seqs 1..=200, in order, on one partition, each with the
+/// body its sender was answered that seq for.
+#[tokio::test]
+async fn two_hundred_sends_at_once_through_two_ingest_apis_reach_chat_events_in_seq_order() {
+    let p = spawn_pipeline().await;
+    let second = p.app_beside().await;
+    let conv = p.app.user(10).create_group(&[20]).await;
+    let path = format!("/conversations/{conv}/messages");
+    let (apps, path) = ([&p.app, &second], &path);
+    let answers = join_all((0..200usize).map(|i| async move {
+        // Even sends through the first process as user 10, odd through the second as 20.
+        let body = format!("m{i}");
+        let res = apps[i % 2]
+            .user(10 + 10 * (i % 2) as i64)
+            .post(path, json!({"clientMsgId": Uuid::new_v4(), "body": body}))
+            .await;
+        (res.expect(201)["seq"].as_i64().unwrap(), body)
+    }))
+    .await;
+    let answered: BTreeMap<i64, String> = answers.into_iter().collect();
+    assert_eq!(
+        answered.keys().copied().collect::<Vec<_>>(),
+        (1..=200).collect::<Vec<_>>(),
+        "200 answers, seqs 1..=200, none twice"
+    );
+
+    let of_conv = |records: &[Record]| -> Vec<(i32, i64, String)> {
+        records
+            .iter()
+            .filter_map(|r| match &r.event {
+                ChatEvent::MessageNew(m) if m.conversation_id.get() == conv => {
+                    Some((r.partition, m.seq.get(), m.body.clone()))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let records = p
+        .consume_until(Duration::from_secs(120), |rs| of_conv(rs).len() >= 200)
+        .await;
+    let on_topic = of_conv(&records);
+    let partitions: BTreeSet<i32> = on_topic.iter().map(|(p, _, _)| *p).collect();
+    assert_eq!(partitions.len(), 1, "one partition: {partitions:?}");
+    let in_order: Vec<(i64, String)> = on_topic.into_iter().map(|(_, s, b)| (s, b)).collect();
+    assert_eq!(
+        in_order,
+        answered.into_iter().collect::<Vec<_>>(),
+        "chat.events in seq order, each body as answered"
+    );
     p.cleanup().await;
 }
 

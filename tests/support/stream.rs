@@ -186,6 +186,24 @@ pub async fn spawn_pipeline_adjusted(
 }
 
 impl Pipeline {
+    /// A second ingest-api process beside [`Pipeline::app`]: the same database (so the
+    /// same outbox, streamed by the same connector) and the same settings.
+    pub async fn app_beside(&self) -> crate::TestApp {
+        let url = self.database_url.clone();
+        let (subject, receipts, acks) = (
+            self.events_subject.clone(),
+            self.receipts_topic.clone(),
+            self.acks_topic.clone(),
+        );
+        crate::spawn_app_with(|s| {
+            s.database.url = secrecy::SecretString::from(url);
+            s.registry.events_subject = subject;
+            s.kafka.receipts_topic = receipts;
+            s.kafka.acks_topic = acks;
+        })
+        .await
+    }
+
     /// Reads records until `done` says so, or fails at the deadline with what it saw.
     pub async fn consume_until(
         &self,
