@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use chatpipe_core::kafka::{CreateGuarded, FutureProducer};
-use chatpipe_schemas::receipt::{ReadReceipt, ReceiptCodec};
+use chatpipe_schemas::receipt::{Mark, ReadReceipt, ReceiptCodec};
 use rdkafka::producer::FutureRecord;
 
 use crate::configuration::KafkaSettings;
@@ -17,14 +17,6 @@ pub struct ReceiptProducer {
     acks_codec: ReceiptCodec,
     acks_topic: String,
     timeout: Duration,
-}
-
-/// What a receipt says: read (`chat.read-receipts`), or delivered to a device
-/// (`chat.delivery-acks`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Said {
-    Read,
-    Delivered,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -61,10 +53,10 @@ impl ReceiptProducer {
     }
 
     /// Returns once the broker has the receipt (acks=all), or fails.
-    pub async fn send(&self, said: Said, receipt: &ReadReceipt) -> Result<(), ProduceError> {
-        let (codec, topic) = match said {
-            Said::Read => (&self.codec, &self.topic),
-            Said::Delivered => (&self.acks_codec, &self.acks_topic),
+    pub async fn send(&self, mark: Mark, receipt: &ReadReceipt) -> Result<(), ProduceError> {
+        let (codec, topic) = match mark {
+            Mark::Read => (&self.codec, &self.topic),
+            Mark::Delivered => (&self.acks_codec, &self.acks_topic),
         };
         let key = receipt.conversation_id.to_string();
         let payload = codec.encode(receipt);

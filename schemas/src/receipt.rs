@@ -8,6 +8,25 @@ use serde::{Deserialize, Serialize};
 use crate::avro::{long, CodecError, Fields, Framed};
 use crate::{ConversationId, Seq, UserId};
 
+/// Which watermark a receipt moves: one record shape on two topics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mark {
+    /// `chat.read-receipts`: `last_read_seq`, `read.updated`.
+    Read,
+    /// `chat.delivery-acks` (a device got it): `last_delivered_seq`, `delivery.updated`.
+    Delivered,
+}
+
+impl Mark {
+    /// In metrics' labels.
+    pub fn label(self) -> &'static str {
+        match self {
+            Mark::Read => "read",
+            Mark::Delivered => "delivered",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ReadReceipt {

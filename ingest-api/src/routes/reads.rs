@@ -9,9 +9,10 @@ use crate::domain::seq;
 use crate::error::ApiError;
 use crate::extract::{Caller, ConversationPath, Json, PathParams};
 use crate::rate::Kind;
-use crate::receipts::{ReceiptProducer, Said};
+use crate::receipts::ReceiptProducer;
 use crate::state::AppState;
 use crate::store::reads as store;
+use chatpipe_schemas::receipt::Mark;
 
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -55,7 +56,7 @@ pub async fn mark_read(
         let outcome = store::mark_read(&state.store, conversation, reader, seq).await?;
         return Ok(axum::Json(outcome).into_response());
     };
-    forward(producer, Said::Read, (conversation, reader), seq).await?;
+    forward(producer, Mark::Read, (conversation, reader), seq).await?;
     let body = Accepted {
         conversation_id: conversation,
         accepted_seq: seq.get(),
@@ -96,7 +97,7 @@ pub async fn mark_delivered(
         let outcome = store::mark_delivered(&state.store, conversation, user, seq).await?;
         return Ok(axum::Json(outcome).into_response());
     };
-    forward(producer, Said::Delivered, (conversation, user), seq).await?;
+    forward(producer, Mark::Delivered, (conversation, user), seq).await?;
     let body = Accepted {
         conversation_id: conversation,
         accepted_seq: seq.get(),
@@ -118,7 +119,7 @@ pub struct Accepted {
 /// acknowledge it in time).
 async fn forward(
     producer: &ReceiptProducer,
-    said: Said,
+    mark: Mark,
     (conversation, user): (ConversationId, UserId),
     seq: Seq,
 ) -> Result<(), ApiError> {
@@ -128,7 +129,7 @@ async fn forward(
         seq,
         at: chatpipe_core::outbox::now(),
     };
-    Ok(producer.send(said, &receipt).await?)
+    Ok(producer.send(mark, &receipt).await?)
 }
 
 /// `GET /conversations/{id}/messages/{seq}/receipts`

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant as StdInstant};
 
 use anyhow::Context;
 use chatpipe_core::outbox::Outbox;
+use chatpipe_schemas::receipt::Mark;
 use chatpipe_schemas::receipt::ReadReceipt;
 use sqlx::PgPool;
 use tokio::runtime::Handle;
@@ -30,24 +31,6 @@ use chatpipe_runtime::{
     Failure, Position, Processor, ReaderHealth, ReaderSpec, ReaderThread, Readiness, Supervisor,
 };
 use window::{Batch, Window};
-
-/// Which watermark a reader's receipts move.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mark {
-    /// `chat.read-receipts`: `last_read_seq`, `read.updated`.
-    Read,
-    /// `chat.delivery-acks`: `last_delivered_seq`, `delivery.updated`.
-    Delivered,
-}
-
-impl Mark {
-    fn label(self) -> &'static str {
-        match self {
-            Mark::Read => "read",
-            Mark::Delivered => "delivered",
-        }
-    }
-}
 
 /// The aggregator's state and side effect: the open window, the batch being flushed,
 /// and the offsets its flushes made safe to commit.
