@@ -32,15 +32,15 @@ pub struct Settings {
     pub database: DatabaseSettings,
     pub auth: AuthSettings,
     pub limits: Limits,
-    pub sync: crate::store::sync::SyncBounds,
+    pub sync: SyncBounds,
     pub registry: RegistrySettings,
     pub outbox: OutboxSettings,
     pub reads: ReadSettings,
     pub kafka: KafkaSettings,
-    pub sends: crate::store::send::SendSettings,
-    pub membership: crate::store::members::MembershipSettings,
-    pub rate_limits: crate::rate::RateLimitSettings,
-    pub demo: crate::routes::demo::DemoSettings,
+    pub sends: SendSettings,
+    pub membership: MembershipSettings,
+    pub rate_limits: RateLimitSettings,
+    pub demo: DemoSettings,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -140,4 +140,97 @@ impl HttpSettings {
             refusing_at_once: self.refusing_at_once,
         }
     }
+}
+
+/// How much one sync answer holds (`[sync]` in `config/ingest-api.toml`).
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SyncBounds {
+    /// Conversations per answer, those left included.
+    pub max_conversations: usize,
+    /// Bytes of message bodies per answer; an answer holds at least one message.
+    pub max_bytes: usize,
+}
+
+/// `[sends]` in the config.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SendSettings {
+    /// Most messages one statement writes.
+    pub max_batch: usize,
+    /// Most sends waiting in one conversation's lane; more answer 503.
+    pub max_queued: usize,
+    /// Most send statements in flight at once (each holds a pooled connection).
+    pub max_writers: usize,
+}
+
+/// `[membership]` in the config.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MembershipSettings {
+    /// (conversation, member) pairs remembered (`member_cache_entries`).
+    pub cache_max_entries: usize,
+    /// How long a pair is trusted before PostgreSQL is asked again.
+    pub cache_ttl_ms: u64,
+}
+
+/// One bucket: `rate` requests per `per_secs` seconds, at most `burst` at once.
+/// `rate = 0` turns the limit off.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Bucket {
+    pub rate: u32,
+    pub per_secs: u32,
+    pub burst: u32,
+}
+
+impl Bucket {
+    /// No limit (`rate = 0`).
+    pub const OFF: Bucket = Bucket {
+        rate: 0,
+        per_secs: 1,
+        burst: 0,
+    };
+}
+
+/// `[rate_limits]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitSettings {
+    /// `POST /conversations/{id}/messages`.
+    pub sends: Bucket,
+    /// `POST /conversations` and `POST /direct`.
+    pub creates: Bucket,
+    /// Adding and removing members (leaving included), and blocks.
+    pub member_changes: Bucket,
+    /// Users one user adds to groups, creating them included: each added user takes a
+    /// token, so nobody puts strangers in groups faster than this.
+    pub members_added: Bucket,
+    /// What reads or marks read: history, inbox, sync, members, receipts, `/read` and
+    /// `/delivered`.
+    pub reads: Bucket,
+    /// How often users with full buckets are forgotten.
+    pub sweep_interval_ms: u64,
+}
+
+/// `[demo]` in the config.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DemoSettings {
+    /// Serve `/app` and `/demo/*`.
+    pub enabled: bool,
+    /// The gateway's WebSocket URL, as a browser reaches it (the app connects there).
+    pub gateway_url: String,
+    /// Lifetime of a demo token, [`crate::routes::demo::MAX_TOKEN_TTL_SECS`] at most.
+    pub token_ttl_secs: u64,
+    /// Allow demo mode on an `http.addr` that is not loopback (refused at start
+    /// otherwise): only where nobody but the people trying it can reach the API.
+    #[serde(default)]
+    pub allow_remote: bool,
+    /// Demo tokens handed out, per `per_secs` seconds, to everyone together.
+    pub tokens: Bucket,
+    /// Serve the app's files from this folder, read on each request (for working on
+    /// the app: edit, reload); unset, the copies compiled into the binary.
+    #[serde(default)]
+    pub app_dir: Option<std::path::PathBuf>,
 }

@@ -1,7 +1,29 @@
 //! Validated request values. Each `parse` names the field it checks so the error can.
 
 use crate::configuration::Limits;
-use crate::error::ApiError;
+
+/// Why a value of a request is refused. Only `error.rs` turns it into HTTP.
+#[derive(Debug, thiserror::Error)]
+pub enum Refused {
+    /// A body field's value (`422 /problems/validation`, naming the field).
+    #[error("{field} {detail}")]
+    Invalid { field: String, detail: String },
+    /// A query parameter's value (`400 /problems/invalid-parameter`).
+    #[error("{field} {detail}")]
+    Parameter { field: String, detail: String },
+    /// More distinct members than a conversation may have (`409 /problems/member-limit`).
+    #[error("{0}")]
+    MemberLimit(String),
+}
+
+impl Refused {
+    fn invalid(field: &str, detail: impl Into<String>) -> Self {
+        Self::Invalid {
+            field: field.to_owned(),
+            detail: detail.into(),
+        }
+    }
+}
 
 /// A conversation's type, spelled as the `conversation.type` column, the API and the
 /// `conversation.created` event spell it.
@@ -39,14 +61,14 @@ impl std::str::FromStr for ConversationKind {
 pub struct MessageBody(String);
 
 impl MessageBody {
-    pub fn parse(raw: String, limits: &Limits) -> Result<Self, ApiError> {
+    pub fn parse(raw: String, limits: &Limits) -> Result<Self, Refused> {
         if raw.trim().is_empty() {
-            return Err(ApiError::invalid("body", "must not be empty"));
+            return Err(Refused::invalid("body", "must not be empty"));
         }
         storable("body", &raw)?;
         let chars = raw.chars().count();
         if chars > limits.max_body_chars {
-            return Err(ApiError::invalid(
+            return Err(Refused::invalid(
                 "body",
                 format!(
                     "is {chars} characters; the limit is {}",
@@ -65,9 +87,9 @@ impl MessageBody {
 /// PostgreSQL text holds any Unicode scalar value but U+0000 (and JSON cannot carry a
 /// lone surrogate: serde refuses it as malformed JSON, 400). Refused here with the field's
 /// name: it would fail the statement it was written with, again on every retry.
-fn storable(field: &str, text: &str) -> Result<(), ApiError> {
+fn storable(field: &str, text: &str) -> Result<(), Refused> {
     match text.find('\0') {
-        Some(at) => Err(ApiError::invalid(
+        Some(at) => Err(Refused::invalid(
             field,
             format!("must not contain the character U+0000 (found at byte {at}); PostgreSQL text cannot store it"),
         )),
@@ -76,13 +98,13 @@ fn storable(field: &str, text: &str) -> Result<(), ApiError> {
 }
 
 /// A group title: optional, trimmed, at most `limits.max_title_chars` characters.
-pub fn parse_title(raw: Option<String>, limits: &Limits) -> Result<Option<String>, ApiError> {
+pub fn parse_title(raw: Option<String>, limits: &Limits) -> Result<Option<String>, Refused> {
     let Some(title) = raw.map(|t| t.trim().to_owned()).filter(|t| !t.is_empty()) else {
         return Ok(None);
     };
     storable("title", &title)?;
     if title.chars().count() > limits.max_title_chars {
-        return Err(ApiError::invalid(
+        return Err(Refused::invalid(
             "title",
             format!("is longer than {} characters", limits.max_title_chars),
         ));
@@ -91,21 +113,21 @@ pub fn parse_title(raw: Option<String>, limits: &Limits) -> Result<Option<String
 }
 
 /// A page size: `limits.default_page_limit` when absent, else 1..=`limits.max_page_limit`.
-pub fn page_limit(raw: Option<i64>, limits: &Limits) -> Result<i64, ApiError> {
+pub fn page_limit(raw: Option<i64>, limits: &Limits) -> Result<i64, Refused> {
     match raw {
         None => Ok(limits.default_page_limit),
         Some(n) if (1..=limits.max_page_limit).contains(&n) => Ok(n),
-        Some(n) => Err(ApiError::bad_parameter(
-            "limit",
-            format!("must be between 1 and {}, got {n}", limits.max_page_limit),
-        )),
+        Some(n) => Err(Refused::Parameter {
+            field: "limit".to_owned(),
+            detail: format!("must be between 1 and {}, got {n}", limits.max_page_limit),
+        }),
     }
 }
 
 /// A list of user ids: every one positive, duplicates folded, at most `max` of them.
-pub fn user_ids(field: &str, raw: Vec<i64>, max: usize) -> Result<Vec<i64>, ApiError> {
+pub fn user_ids(field: &str, raw: Vec<i64>, max: usize) -> Result<Vec<i64>, Refused> {
     if let Some((i, bad)) = raw.iter().enumerate().find(|(_, id)| **id <= 0) {
-        return Err(ApiError::invalid(
+        return Err(Refused::invalid(
             &format!("{field}[{i}]"),
             format!("must be a positive user id, got {bad}"),
         ));
@@ -114,20 +136,17 @@ pub fn user_ids(field: &str, raw: Vec<i64>, max: usize) -> Result<Vec<i64>, ApiE
     ids.sort_unstable();
     ids.dedup();
     if ids.len() > max {
-        return Err(ApiError::conflict(
-            "member-limit",
-            format!(
-                "{} distinct users exceed the limit of {max} members",
-                ids.len()
-            ),
-        ));
+        return Err(Refused::MemberLimit(format!(
+            "{} distinct users exceed the limit of {max} members",
+            ids.len()
+        )));
     }
     Ok(ids)
 }
 
 /// A positive seq from a request field.
-pub fn seq(field: &str, raw: i64) -> Result<chatpipe_core::Seq, ApiError> {
-    chatpipe_core::Seq::new(raw).map_err(|e| ApiError::invalid(field, e.to_string()))
+pub fn seq(field: &str, raw: i64) -> Result<chatpipe_core::Seq, Refused> {
+    chatpipe_core::Seq::new(raw).map_err(|e| Refused::invalid(field, e.to_string()))
 }
 
 #[cfg(test)]

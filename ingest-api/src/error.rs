@@ -99,6 +99,17 @@ impl From<SendError> for ApiError {
     }
 }
 
+impl From<crate::domain::Refused> for ApiError {
+    fn from(refused: crate::domain::Refused) -> Self {
+        use crate::domain::Refused;
+        match refused {
+            Refused::Invalid { field, detail } => Self::invalid(&field, detail),
+            Refused::Parameter { field, detail } => Self::bad_parameter(&field, detail),
+            Refused::MemberLimit(detail) => Self::conflict("member-limit", detail),
+        }
+    }
+}
+
 impl ApiError {
     pub fn invalid(field: &str, detail: impl Into<String>) -> Self {
         Self::Invalid {

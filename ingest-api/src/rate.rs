@@ -11,48 +11,10 @@ use std::time::Duration;
 use chatpipe_core::UserId;
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota};
-use serde::Deserialize;
 
+use crate::configuration::Bucket;
+use crate::configuration::RateLimitSettings;
 use crate::error::ApiError;
-
-/// One bucket: `rate` requests per `per_secs` seconds, at most `burst` at once.
-/// `rate = 0` turns the limit off.
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Bucket {
-    pub rate: u32,
-    pub per_secs: u32,
-    pub burst: u32,
-}
-
-impl Bucket {
-    /// No limit (`rate = 0`).
-    pub const OFF: Bucket = Bucket {
-        rate: 0,
-        per_secs: 1,
-        burst: 0,
-    };
-}
-
-/// `[rate_limits]`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RateLimitSettings {
-    /// `POST /conversations/{id}/messages`.
-    pub sends: Bucket,
-    /// `POST /conversations` and `POST /direct`.
-    pub creates: Bucket,
-    /// Adding and removing members (leaving included), and blocks.
-    pub member_changes: Bucket,
-    /// Users one user adds to groups, creating them included: each added user takes a
-    /// token, so nobody puts strangers in groups faster than this.
-    pub members_added: Bucket,
-    /// What reads or marks read: history, inbox, sync, members, receipts, `/read` and
-    /// `/delivered`.
-    pub reads: Bucket,
-    /// How often users with full buckets are forgotten.
-    pub sweep_interval_ms: u64,
-}
 
 /// What a bucket limits; the label of `rate_limited_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,10 +6,11 @@ use chatpipe_core::auth::TokenKeys;
 use chatpipe_core::telemetry::PrometheusHandle;
 
 use crate::configuration::Limits;
+use crate::configuration::{DemoSettings, SyncBounds};
 use crate::rate::RateLimits;
 use crate::receipts::ReceiptProducer;
 use crate::store::send::SendQueue;
-use crate::store::sync::{CursorKey, SyncBounds};
+use crate::store::sync::CursorKey;
 use crate::store::Store;
 
 /// What every handler can reach.
@@ -34,5 +35,5 @@ pub struct AppState {
     /// The public `/readyz`'s last answer.
     pub ready: Arc<crate::routes::health::ReadyCache>,
     /// `Some` in demo mode (`demo.enabled`): the `/app` client and `/demo/token`.
-    pub demo: Option<Arc<crate::routes::demo::DemoSettings>>,
+    pub demo: Option<Arc<DemoSettings>>,
 }

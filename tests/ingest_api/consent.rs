@@ -3,7 +3,7 @@
 //! PostgreSQL's rows, not from the answers alone.
 
 use chatpipe_tests::{spawn_app, spawn_app_with, Resp, TestApp};
-use ingest_api::rate::Bucket;
+use ingest_api::configuration::Bucket;
 use serde_json::{json, Value};
 
 fn inbox_ids(inbox: &Value) -> Vec<i64> {

@@ -1,6 +1,6 @@
 use chatpipe_tests::{spawn_app, spawn_app_with, TestApp};
 use futures::future::join_all;
-use ingest_api::rate::Bucket;
+use ingest_api::configuration::Bucket;
 use serde_json::json;
 
 /// An app where one owner may fill several groups at once: these tests are about the

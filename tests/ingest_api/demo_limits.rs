@@ -3,8 +3,8 @@
 //! an API without demo mode refuses them, and `/demo/token` is rate-limited.
 
 use chatpipe_tests::{registry_url, spawn_app_beside, spawn_app_with, JWT_SECRET};
+use ingest_api::configuration::Bucket;
 use ingest_api::configuration::Settings;
-use ingest_api::rate::Bucket;
 use serde_json::json;
 
 /// What `Application::build` says of these demo settings: `Ok(())` when it starts.

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use chatpipe_tests::{metric_sum, slow_header_sockets, spawn_app_with, until_closed, Resp};
-use ingest_api::rate::Bucket;
+use ingest_api::configuration::Bucket;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

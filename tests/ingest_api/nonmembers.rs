@@ -4,7 +4,7 @@
 
 use chatpipe_tests::{spawn_app_with, TestApp};
 use futures::{stream, StreamExt};
-use ingest_api::rate::Bucket;
+use ingest_api::configuration::Bucket;
 use serde_json::json;
 
 /// The statements only a member's write runs: the send statement, the conversation's

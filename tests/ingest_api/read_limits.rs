@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use chatpipe_tests::{metric_sum, spawn_app, spawn_app_with, Resp};
 use futures::{stream, StreamExt};
-use ingest_api::rate::Bucket;
+use ingest_api::configuration::Bucket;
 use serde_json::json;
 use sqlx::Connection;
 

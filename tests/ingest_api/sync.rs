@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use chatpipe_tests::{spawn_app, spawn_app_with, TestApp};
 use futures::{stream, StreamExt};
-use ingest_api::rate::Bucket;
+use ingest_api::configuration::Bucket;
 use serde_json::{json, Value};
 
 async fn sync(app: &TestApp, user: i64, since: Option<&str>) -> Value {

@@ -9,7 +9,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use chatpipe_tests::{spawn_app_with, TestApp};
 use futures::{stream, StreamExt};
-use ingest_api::rate::Bucket;
+use ingest_api::configuration::Bucket;
 use serde_json::{json, Value};
 
 const MAX_CONVERSATIONS: usize = 40;

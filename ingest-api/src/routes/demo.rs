@@ -14,31 +14,10 @@ use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::configuration::DemoSettings;
 use crate::error::ApiError;
 use crate::extract::Json as JsonBody;
 use crate::state::AppState;
-
-/// `[demo]` in the config.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DemoSettings {
-    /// Serve `/app` and `/demo/*`.
-    pub enabled: bool,
-    /// The gateway's WebSocket URL, as a browser reaches it (the app connects there).
-    pub gateway_url: String,
-    /// Lifetime of a demo token, [`MAX_TOKEN_TTL_SECS`] at most.
-    pub token_ttl_secs: u64,
-    /// Allow demo mode on an `http.addr` that is not loopback (refused at start
-    /// otherwise): only where nobody but the people trying it can reach the API.
-    #[serde(default)]
-    pub allow_remote: bool,
-    /// Demo tokens handed out, per `per_secs` seconds, to everyone together.
-    pub tokens: crate::rate::Bucket,
-    /// Serve the app's files from this folder, read on each request (for working on
-    /// the app: edit, reload); unset, the copies compiled into the binary.
-    #[serde(default)]
-    pub app_dir: Option<std::path::PathBuf>,
-}
 
 /// The longest a demo token lives.
 pub const MAX_TOKEN_TTL_SECS: u64 = 3600;

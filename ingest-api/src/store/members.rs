@@ -15,20 +15,10 @@ use std::time::{Duration, Instant};
 
 use chatpipe_core::{ConversationId, UserId};
 use lru::LruCache;
-use serde::Deserialize;
 use sqlx::PgPool;
 
 use super::StoreError;
-
-/// `[membership]` in the config.
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MembershipSettings {
-    /// (conversation, member) pairs remembered (`member_cache_entries`).
-    pub cache_max_entries: usize,
-    /// How long a pair is trusted before PostgreSQL is asked again.
-    pub cache_ttl_ms: u64,
-}
+use crate::configuration::MembershipSettings;
 
 /// The gate: see the module docs. Cheap to clone.
 #[derive(Clone)]

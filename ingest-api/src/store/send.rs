@@ -26,7 +26,6 @@ use std::sync::{Arc, Mutex};
 use chatpipe_core::{ConversationId, UserId};
 use chatpipe_schemas::{MessageNew, Seq, AGGREGATE_TYPE};
 use chrono::{DateTime, Utc};
-use serde::Deserialize;
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
@@ -34,19 +33,8 @@ use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, Postgres};
 
 use super::{now, Outbox, Store};
+use crate::configuration::SendSettings;
 use crate::domain::MessageBody;
-
-/// `[sends]` in the config.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SendSettings {
-    /// Most messages one statement writes.
-    pub max_batch: usize,
-    /// Most sends waiting in one conversation's lane; more answer 503.
-    pub max_queued: usize,
-    /// Most send statements in flight at once (each holds a pooled connection).
-    pub max_writers: usize,
-}
 
 /// A message committed, as the sender learns it.
 #[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]

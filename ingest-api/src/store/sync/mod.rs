@@ -23,10 +23,11 @@
 
 pub mod cursor;
 
+use crate::configuration::SyncBounds;
 use std::collections::HashMap;
 
 use chatpipe_core::UserId;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use sqlx::{Postgres, Transaction};
 
 use super::inbox::{state_columns, ConversationState, STATE_FROM, UNREAD};
@@ -39,16 +40,6 @@ pub use cursor::{Continuation, Cursor, CursorKey, Opened, Part};
 /// timeline at once (the checkpoint's would lag until its first checkpoint).
 const ORIGIN: &str = "(SELECT system_identifier FROM pg_control_system())::text || '/' || \
      (('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int)::text";
-
-/// How much one sync answer holds (`[sync]` in `config/ingest-api.toml`).
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SyncBounds {
-    /// Conversations per answer, those left included.
-    pub max_conversations: usize,
-    /// Bytes of message bodies per answer; an answer holds at least one message.
-    pub max_bytes: usize,
-}
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
