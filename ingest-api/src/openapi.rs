@@ -2,8 +2,9 @@
 //! carries a `#[utoipa::path]` annotation next to it, its request and answer types derive
 //! `ToSchema`, and [`crate::routes::router`] registers handlers through utoipa-axum's
 //! `routes!`, which takes a route's path and method from that same annotation. A route
-//! is in the document exactly when it is served. `GET /openapi.json` serves it; the
-//! contract tests lint it and call every operation in it (tests/contracts/).
+//! is in the document exactly when it is served. `GET /openapi.json` (routes/health.rs)
+//! serves it; the contract tests lint it and call every operation in it
+//! (tests/contracts/). This module only describes; the routes assemble.
 
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{IntoResponses, Modify, OpenApi, ToSchema};
@@ -143,34 +144,4 @@ pub enum Limited {
 pub struct Status {
     /// `ok` (`/healthz`) or `ready` (`/readyz`).
     pub status: &'static str,
-}
-
-/// The document of this server (the demo's routes only in demo mode), built once.
-pub fn spec(demo: bool) -> &'static utoipa::openapi::OpenApi {
-    static PLAIN: std::sync::OnceLock<utoipa::openapi::OpenApi> = std::sync::OnceLock::new();
-    static DEMO: std::sync::OnceLock<utoipa::openapi::OpenApi> = std::sync::OnceLock::new();
-    let build = || {
-        let (api, operations) = crate::routes::documented(demo);
-        api.merge(operations).split_for_parts().1
-    };
-    if demo {
-        DEMO.get_or_init(build)
-    } else {
-        PLAIN.get_or_init(build)
-    }
-}
-
-/// `GET /openapi.json`: this document.
-#[utoipa::path(
-    get,
-    path = "/openapi.json",
-    tag = "operations",
-    summary = "This API's OpenAPI 3.1 document",
-    security(()),
-    responses((status = 200, description = "The document", content_type = "application/json"))
-)]
-pub async fn document(
-    axum::extract::State(state): axum::extract::State<crate::state::AppState>,
-) -> axum::Json<&'static utoipa::openapi::OpenApi> {
-    axum::Json(spec(state.demo.is_some()))
 }

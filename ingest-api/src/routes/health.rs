@@ -108,3 +108,33 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         state.metrics.render(),
     )
 }
+
+/// The document of this server (the demo's routes only in demo mode), built once.
+pub fn spec(demo: bool) -> &'static utoipa::openapi::OpenApi {
+    static PLAIN: std::sync::OnceLock<utoipa::openapi::OpenApi> = std::sync::OnceLock::new();
+    static DEMO: std::sync::OnceLock<utoipa::openapi::OpenApi> = std::sync::OnceLock::new();
+    let build = || {
+        let (api, operations) = super::documented(demo);
+        api.merge(operations).split_for_parts().1
+    };
+    if demo {
+        DEMO.get_or_init(build)
+    } else {
+        PLAIN.get_or_init(build)
+    }
+}
+
+/// `GET /openapi.json`: this document.
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "operations",
+    summary = "This API's OpenAPI 3.1 document",
+    security(()),
+    responses((status = 200, description = "The document", content_type = "application/json"))
+)]
+pub async fn document(
+    axum::extract::State(state): axum::extract::State<crate::state::AppState>,
+) -> axum::Json<&'static utoipa::openapi::OpenApi> {
+    axum::Json(spec(state.demo.is_some()))
+}

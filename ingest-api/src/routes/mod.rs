@@ -76,7 +76,7 @@ pub fn documented(demo: bool) -> (OpenApiRouter<AppState>, OpenApiRouter<AppStat
     let operations = OpenApiRouter::new()
         .routes(routes!(health::healthz))
         .routes(routes!(health::readyz))
-        .routes(routes!(crate::openapi::document));
+        .routes(routes!(health::document));
     (api, operations)
 }
 
