@@ -11,6 +11,8 @@
 //!   one is restarted by the [`keeper`](super::keeper), with backoff.
 //! - **Probes**: the services' `/readyz` (a gateway whose reader stalled answers 503).
 //! - **Dead letters**: the end offsets of the `.dlq` topics; growth is an event alarm.
+//!
+//! This module reads; [`super::judge`] decides what the readings mean.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,10 +29,11 @@ use sqlx::PgPool;
 use tokio::time::Instant;
 
 use super::cluster::{Replication, TaskMoves};
+use super::judge::{evaluate, record, Memory, Readings};
 use super::keeper::{Action, Keeper, KeeperReport};
 use super::outbox::Backlog;
 use super::topology::{Topology, TopologyReport};
-use super::{alarm, Audit};
+use super::Audit;
 use crate::settings::{AuditSettings, Settings};
 use chatpipe_runtime::ReaderHealth;
 
@@ -206,10 +209,24 @@ impl Checker {
         Ok(())
     }
 
-    /// One round of every check; updates the alarms and the latest results.
+    /// One round of every check: read, then judge; updates the alarms and the latest
+    /// results.
     pub async fn check(&mut self) {
         let now = Instant::now();
-        // Concurrently: one that waits for a timeout does not delay the others.
+        let readings = self.read(now).await;
+        let mut state = self.audit.state();
+        let state = &mut *state;
+        let mut memory = Memory {
+            dead_letter_ends: &mut self.dead_letter_ends,
+            topology: self.topology.as_mut(),
+        };
+        state.checks = evaluate(&self.cfg, &mut memory, readings, &mut state.alarms, now);
+        record(&state.checks);
+    }
+
+    /// Every reading of one round, concurrently (one that waits for a timeout does not
+    /// delay the others); a FAILED connector restarted when the keeper says so.
+    async fn read(&mut self, now: Instant) -> Readings {
         let mut topology = self.topology.take();
         let timeout = Duration::from_millis(self.cfg.probe_timeout_ms);
         let (cdc, slot, connector, answers, dead_letters, replication, outbox, nodes) = tokio::join!(
@@ -250,169 +267,18 @@ impl Checker {
         connector.task_moves = self
             .task_moves
             .observe(connector.worker.as_deref(), window, now);
-
-        let cfg = &self.cfg;
-        let mut state = self.audit.state();
-        let alarms = &mut state.alarms;
-        let pg_error = match (&cdc, &slot) {
-            (Err(e), _) | (_, Err(e)) => Some(e.to_string()),
-            _ => None,
-        };
-        alarms.condition(
-            alarm::POSTGRES_UNREACHABLE,
-            pg_error.is_some(),
-            Duration::from_millis(cfg.slot_inactive_alert_ms),
-            pg_error.unwrap_or_default(),
-            now,
-        );
-        let cdc = cdc.unwrap_or_default();
-        let lag_alert = Duration::from_millis(cfg.cdc_lag_alert_ms);
-        alarms.condition(
-            alarm::CDC_STALLED,
-            cdc.caught_up && Duration::from_millis(cdc.oldest_unstreamed_ms) >= lag_alert,
-            Duration::ZERO,
-            format!(
-                "{} commits in PostgreSQL not on chat.events, the oldest seen {} ms ago",
-                cdc.unstreamed, cdc.oldest_unstreamed_ms
-            ),
-            now,
-        );
-        metrics::gauge!("audit_cdc_unstreamed").set(cdc.unstreamed as f64);
-        metrics::gauge!("audit_cdc_oldest_unstreamed_seconds")
-            .set(cdc.oldest_unstreamed_ms as f64 / 1e3);
-
-        let slot = slot.ok();
-        if let Some(s) = &slot {
-            alarms.condition(
-                alarm::SLOT_INACTIVE,
-                !s.active,
-                Duration::from_millis(cfg.slot_inactive_alert_ms),
-                if s.exists {
-                    format!("replication slot {} has no client", s.name)
-                } else {
-                    format!("replication slot {} does not exist", s.name)
-                },
-                now,
-            );
-            alarms.condition(
-                alarm::SLOT_WAL_RETAINED,
-                s.retained_wal_bytes > cfg.slot_retained_wal_alert_bytes,
-                Duration::ZERO,
-                format!(
-                    "replication slot {} retains {} bytes of WAL",
-                    s.name, s.retained_wal_bytes
-                ),
-                now,
-            );
-            metrics::gauge!("audit_slot_active").set(if s.active { 1.0 } else { 0.0 });
-            metrics::gauge!("audit_slot_retained_wal_bytes").set(s.retained_wal_bytes as f64);
-        }
-
-        alarms.condition(
-            alarm::CONNECTOR_NOT_RUNNING,
-            !connector.running,
-            Duration::from_millis(cfg.connector_alert_ms),
-            format!(
-                "connector {}: {} (tasks: {})",
-                connector.name,
-                connector.state,
-                connector.tasks.join(", ")
-            ),
-            now,
-        );
-        metrics::gauge!("audit_connector_running").set(if connector.running { 1.0 } else { 0.0 });
-        if let Some(detail) = restarted {
-            tracing::warn!("{detail}");
-            alarms.event(alarm::CONNECTOR_RESTARTED, detail, now);
-        }
-
-        alarms.condition(
-            alarm::CONNECTOR_TASK_MOVING,
-            connector.task_moves > cfg.task_moves_alert,
-            Duration::ZERO,
-            format!(
-                "the task of connector {} moved between workers {} times in {} s (now on {})",
-                connector.name,
-                connector.task_moves,
-                cfg.task_moves_window_ms / 1000,
-                connector.worker.as_deref().unwrap_or("none")
-            ),
-            now,
-        );
-        metrics::gauge!("audit_connector_task_moves").set(connector.task_moves as f64);
-        if let Some(r) = &replication {
-            alarms.condition(
-                alarm::UNDER_REPLICATED,
-                !r.under_replicated.is_empty(),
-                Duration::from_millis(cfg.under_replicated_alert_ms),
-                format!(
-                    "{} partitions under-replicated: {}",
-                    r.under_replicated.len(),
-                    r.under_replicated.join(", ")
-                ),
-                now,
-            );
-            alarms.condition(
-                alarm::OFFLINE_PARTITIONS,
-                !r.offline.is_empty(),
-                Duration::from_millis(cfg.offline_alert_ms),
-                format!(
-                    "{} partitions without a leader: {}",
-                    r.offline.len(),
-                    r.offline.join(", ")
-                ),
-                now,
-            );
-            metrics::gauge!("audit_under_replicated_partitions")
-                .set(r.under_replicated.len() as f64);
-            metrics::gauge!("audit_offline_partitions").set(r.offline.len() as f64);
-        }
-
-        let probe_alert = Duration::from_millis(cfg.probe_alert_ms);
-        let failing: Vec<String> = probes
-            .iter()
-            .filter(|p| Duration::from_millis(p.failing_ms) >= probe_alert)
-            .map(|p| format!("{}: {}", p.url, p.answer))
-            .collect();
-        alarms.condition(
-            alarm::PROBE_FAILING,
-            !failing.is_empty(),
-            Duration::ZERO,
-            failing.join("; "),
-            now,
-        );
-
-        for (topic, end) in &dead_letters {
-            metrics::gauge!("audit_dead_letters", "topic" => topic.clone()).set(*end as f64);
-            match self.dead_letter_ends.insert(topic.clone(), *end) {
-                Some(before) if *end > before => alarms.event(
-                    alarm::DEAD_LETTERS,
-                    format!("{topic}: {} new ({end} in all)", end - before),
-                    now,
-                ),
-                _ => {}
-            }
-        }
-        if let Some(backlog) = &outbox {
-            backlog.judge(cfg, alarms, now);
-        }
-        if let (Some(t), Some(report)) = (&mut self.topology, &nodes) {
-            t.judge(report, cfg, alarms, now);
-        }
-        let event_alarm = Duration::from_millis(cfg.event_alarm_ms);
-        alarms.expire(event_alarm, now);
-
-        state.checks = Latest {
-            checked_at: Some(Utc::now()),
+        Readings {
+            at: Utc::now(),
             cdc,
             slot,
-            connector: Some(connector),
+            connector,
+            restarted,
             probes,
             dead_letters,
             replication,
             outbox,
-            topology: nodes,
-        };
+            nodes,
+        }
     }
 
     /// What is left in the outbox (`None`: rows are not kept, or PostgreSQL did not

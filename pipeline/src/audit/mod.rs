@@ -18,6 +18,7 @@
 pub mod alarms;
 pub mod checks;
 pub mod cluster;
+pub mod judge;
 pub mod keeper;
 pub mod ledger;
 pub mod outbox;
