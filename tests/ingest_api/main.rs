@@ -22,6 +22,7 @@ mod read_limits;
 mod reads;
 mod schema_contract;
 mod send;
+mod sql_functions;
 mod sync;
 mod sync_origin;
 mod sync_pages;
