@@ -384,3 +384,46 @@ fn the_cluster_override_runs_three_brokers_two_workers_and_replicates_every_dura
     }
     assert!(ours >= 6, "{ours} of our services checked");
 }
+
+/// The compose files run the versions the native stack runs: every image of ours is
+/// tagged with what `scripts/stack.env` pins (checked, since compose cannot read it).
+#[test]
+fn the_compose_files_images_are_the_versions_scripts_stack_env_pins() {
+    use chatpipe_tests::versions::pinned;
+    let want: BTreeMap<&str, String> = [
+        ("postgres", pinned("PG_MAJOR").to_owned()),
+        ("apache/kafka", pinned("KAFKA_VERSION").to_owned()),
+        (
+            "apicurio/apicurio-registry",
+            pinned("APICURIO_VERSION").to_owned(),
+        ),
+        (
+            "quay.io/debezium/connect",
+            pinned("DEBEZIUM_VERSION").to_owned(),
+        ),
+    ]
+    .into_iter()
+    .collect();
+    let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+    for file in ["docker-compose.yml", "docker-compose.cluster.yml"] {
+        let doc = load(file);
+        for (name, service) in doc["services"].as_mapping().unwrap() {
+            let Some(image) = service["image"].as_str() else {
+                continue;
+            };
+            let (repo, tag) = image.rsplit_once(':').unwrap_or((image, "latest"));
+            if let Some((pinned_repo, version)) = want.get_key_value(repo) {
+                assert_eq!(
+                    tag, version,
+                    "{file}: service {name:?} runs {image}; scripts/stack.env pins {version}"
+                );
+                *seen.entry(pinned_repo).or_default() += 1;
+            }
+        }
+    }
+    assert_eq!(
+        seen.keys().copied().collect::<Vec<_>>(),
+        want.keys().copied().collect::<Vec<_>>(),
+        "every pinned engine has an image in the compose files"
+    );
+}

@@ -17,6 +17,7 @@ pub mod pgstats;
 pub mod push;
 pub mod stack;
 pub mod stream;
+pub mod versions;
 pub mod watchdog;
 
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -114,7 +114,8 @@ fn docker_answers() -> bool {
 
 #[cfg(feature = "containers")]
 mod containers {
-    //! The stack as containers: the images and versions of docker-compose.yml, on a
+    //! The stack as containers: the images of docker-compose.yml at the versions
+    //! `scripts/stack.env` pins ([`pinned`]), on a
     //! network of their own, with fixed host ports (Kafka advertises its host port, so it
     //! must be known before it starts): PostgreSQL 15432, Kafka 19092, the registry
     //! 18081, Connect 18083.
@@ -127,6 +128,7 @@ mod containers {
     use testcontainers_modules::postgres::Postgres;
 
     use super::{Endpoints, Provider};
+    use crate::versions::pinned;
 
     const NETWORK: &str = "chatpipe-test";
     const PG_PORT: u16 = 15432;
@@ -176,6 +178,7 @@ mod containers {
 
     async fn start() -> anyhow::Result<Endpoints> {
         let postgres = Postgres::default()
+            .with_tag(pinned("PG_MAJOR"))
             .with_cmd([
                 "postgres",
                 "-c",
@@ -198,7 +201,7 @@ mod containers {
 
         make_roles().await?;
 
-        let kafka = GenericImage::new("apache/kafka", "4.3.1")
+        let kafka = GenericImage::new("apache/kafka", pinned("KAFKA_VERSION"))
             .with_wait_for(WaitFor::message_on_stdout("Kafka Server started"))
             .with_exposed_port(ContainerPort::Tcp(KAFKA_PORT))
             .with_env_var("KAFKA_NODE_ID", "1")
@@ -235,7 +238,7 @@ mod containers {
             .start()
             .await?;
 
-        let registry = GenericImage::new("apicurio/apicurio-registry", "3.3.3")
+        let registry = GenericImage::new("apicurio/apicurio-registry", pinned("APICURIO_VERSION"))
             .with_wait_for(WaitFor::message_on_stdout("Installed features"))
             .with_exposed_port(ContainerPort::Tcp(8081))
             .with_env_var("QUARKUS_HTTP_PORT", "8081")
@@ -250,7 +253,7 @@ mod containers {
             .start()
             .await?;
 
-        let connect = GenericImage::new("quay.io/debezium/connect", "3.6.1.Final")
+        let connect = GenericImage::new("quay.io/debezium/connect", pinned("DEBEZIUM_VERSION"))
             .with_wait_for(WaitFor::message_on_stdout(
                 "Finished starting connectors and tasks",
             ))
