@@ -6,6 +6,7 @@ use chatpipe_core::kafka::CreateGuarded;
 use std::time::Duration;
 
 use chatpipe_schemas::ChatEvent;
+use chatpipe_tests::push::FANOUT_MEMBERS_LOAD;
 use chatpipe_tests::stream::{brokers, set_topic_config, spawn_pipeline};
 use rdkafka::admin::AdminOptions;
 use rdkafka::consumer::Consumer;
@@ -28,6 +29,7 @@ async fn a_restarted_fanout_restores_membership_from_its_changelog() {
     first.stop().unwrap();
 
     // Same group: it resumes after `before` and must know the members from the changelog.
+    let loads_before = p.app.statement_calls(FANOUT_MEMBERS_LOAD).await;
     let second = p.start_fanout(p.fanout_settings());
     second.wait_online(&[bob], PRESENCE_DEADLINE).await;
     let seq = p.app.user(alice).send_message(conversation, "after").await;
@@ -39,9 +41,9 @@ async fn a_restarted_fanout_restores_membership_from_its_changelog() {
         "the conversation's changelog entries (created, two joins; fewer once compacted) were read back, not the events: {restored}"
     );
     assert_eq!(
-        second.status.membership_loads(),
+        p.app.statement_calls(FANOUT_MEMBERS_LOAD).await - loads_before,
         0,
-        "no database lookup was needed"
+        "no database lookup was needed (pg_stat_statements)"
     );
     gw.stop().await.unwrap();
     p.cleanup().await;
@@ -79,6 +81,7 @@ async fn a_conversation_past_retention_is_loaded_from_postgres_once() {
         result.error().expect("records deleted");
     }
 
+    let loads_before = p.app.statement_calls(FANOUT_MEMBERS_LOAD).await;
     let fanout = p.start_fanout(p.fanout_settings());
     let mut ws = p.connect(&gw.url, bob).await;
     fanout.wait_online(&[bob], PRESENCE_DEADLINE).await;
@@ -88,9 +91,9 @@ async fn a_conversation_past_retention_is_loaded_from_postgres_once() {
         assert_eq!(frame["body"], body);
     }
     assert_eq!(
-        fanout.status.membership_loads(),
+        p.app.statement_calls(FANOUT_MEMBERS_LOAD).await - loads_before,
         1,
-        "loaded once, then kept from the events"
+        "loaded once, then kept from the events (pg_stat_statements)"
     );
     gw.stop().await.unwrap();
     p.cleanup().await;

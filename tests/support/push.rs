@@ -21,6 +21,11 @@ use crate::{registry_url, JWT_SECRET};
 /// Partitions of `<ns>.chat.deliveries`: gateways in one test use distinct ones.
 pub const DELIVERY_PARTITIONS: i32 = 2;
 
+/// Fanout's load of a conversation's members from PostgreSQL, as pg_stat_statements
+/// shows its text (pipeline/src/fanout/events.rs, `load_members`): count it with
+/// [`crate::TestApp::statement_calls`].
+pub const FANOUT_MEMBERS_LOAD: &str = "SELECT c.membership_version, m.user_id";
+
 impl Pipeline {
     pub fn presence_topic(&self) -> String {
         format!("{}.chat.presence", self.ns)
