@@ -174,6 +174,20 @@ impl Settings {
         Ok(self.registry.connect()?)
     }
 
+    /// A reader thread of this process (its runtime, the registry, `[kafka]` and
+    /// `[readers]`), reporting to `health`.
+    pub fn reader_thread(
+        &self,
+        health: std::sync::Arc<chatpipe_runtime::ReaderHealth>,
+    ) -> anyhow::Result<chatpipe_runtime::ReaderThread> {
+        Ok(chatpipe_runtime::ReaderThread::new(
+            self.kafka.client(),
+            self.registry_client()?,
+            health,
+            &self.readers,
+        )?)
+    }
+
     pub fn load(file: Option<&Path>) -> Result<Self, Box<figment::Error>> {
         chatpipe_core::config::load(DEFAULTS, file, ALIASES)
     }

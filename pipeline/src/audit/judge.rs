@@ -62,31 +62,78 @@ pub fn evaluate(
         outbox,
         nodes,
     } = readings;
-    let pg_error = match (&cdc, &slot) {
-        (Err(e), _) | (_, Err(e)) => Some(e.to_string()),
-        _ => None,
-    };
-    alarms.condition(
-        alarm::POSTGRES_UNREACHABLE,
-        pg_error.is_some(),
-        Duration::from_millis(cfg.slot_inactive_alert_ms),
-        pg_error.unwrap_or_default(),
-        now,
-    );
-    let cdc = cdc.unwrap_or_default();
-    let lag_alert = Duration::from_millis(cfg.cdc_lag_alert_ms);
-    alarms.condition(
-        alarm::CDC_STALLED,
-        cdc.caught_up && Duration::from_millis(cdc.oldest_unstreamed_ms) >= lag_alert,
-        Duration::ZERO,
-        format!(
-            "{} commits in PostgreSQL not on chat.events, the oldest seen {} ms ago",
-            cdc.unstreamed, cdc.oldest_unstreamed_ms
-        ),
-        now,
-    );
+    let mut judge = Judge { cfg, alarms, now };
+    let cdc = judge.postgres(cdc, &slot);
     let slot = slot.ok();
     if let Some(s) = &slot {
+        judge.slot(s);
+    }
+    judge.connector(&connector, restarted);
+    if let Some(r) = &replication {
+        judge.replication(r);
+    }
+    judge.probes(&probes);
+    judge.dead_letters(memory.dead_letter_ends, &dead_letters);
+    if let Some(backlog) = &outbox {
+        backlog.judge(cfg, alarms, now);
+    }
+    if let (Some(t), Some(report)) = (memory.topology.as_deref_mut(), &nodes) {
+        t.judge(report, cfg, alarms, now);
+    }
+    alarms.expire(Duration::from_millis(cfg.event_alarm_ms), now);
+    Latest {
+        checked_at: Some(at),
+        cdc,
+        slot,
+        connector: Some(connector),
+        probes,
+        dead_letters,
+        replication,
+        outbox,
+        topology: nodes,
+    }
+}
+
+/// The rules of one round, grouped by what they look at.
+struct Judge<'a> {
+    cfg: &'a AuditSettings,
+    alarms: &'a mut Alarms,
+    now: Instant,
+}
+
+impl Judge<'_> {
+    /// `postgres_unreachable` (either reading failed) and `cdc_stalled`.
+    fn postgres(&mut self, cdc: Result<Cdc, sqlx::Error>, slot: &Result<Slot, sqlx::Error>) -> Cdc {
+        let (cfg, alarms, now) = (self.cfg, &mut *self.alarms, self.now);
+        let pg_error = match (&cdc, slot) {
+            (Err(e), _) | (_, Err(e)) => Some(e.to_string()),
+            _ => None,
+        };
+        alarms.condition(
+            alarm::POSTGRES_UNREACHABLE,
+            pg_error.is_some(),
+            Duration::from_millis(cfg.slot_inactive_alert_ms),
+            pg_error.unwrap_or_default(),
+            now,
+        );
+        let cdc = cdc.unwrap_or_default();
+        let lag_alert = Duration::from_millis(cfg.cdc_lag_alert_ms);
+        alarms.condition(
+            alarm::CDC_STALLED,
+            cdc.caught_up && Duration::from_millis(cdc.oldest_unstreamed_ms) >= lag_alert,
+            Duration::ZERO,
+            format!(
+                "{} commits in PostgreSQL not on chat.events, the oldest seen {} ms ago",
+                cdc.unstreamed, cdc.oldest_unstreamed_ms
+            ),
+            now,
+        );
+        cdc
+    }
+
+    /// `slot_inactive` and `slot_wal_retained`.
+    fn slot(&mut self, s: &Slot) {
+        let (cfg, alarms, now) = (self.cfg, &mut *self.alarms, self.now);
         alarms.condition(
             alarm::SLOT_INACTIVE,
             !s.active,
@@ -109,36 +156,45 @@ pub fn evaluate(
             now,
         );
     }
-    alarms.condition(
-        alarm::CONNECTOR_NOT_RUNNING,
-        !connector.running,
-        Duration::from_millis(cfg.connector_alert_ms),
-        format!(
-            "connector {}: {} (tasks: {})",
-            connector.name,
-            connector.state,
-            connector.tasks.join(", ")
-        ),
-        now,
-    );
-    if let Some(detail) = restarted {
-        tracing::warn!("{detail}");
-        alarms.event(alarm::CONNECTOR_RESTARTED, detail, now);
+
+    /// `connector_not_running`, `connector_restarted` (the keeper's restart this round)
+    /// and `connector_task_moving`.
+    fn connector(&mut self, connector: &Connector, restarted: Option<String>) {
+        let (cfg, alarms, now) = (self.cfg, &mut *self.alarms, self.now);
+        alarms.condition(
+            alarm::CONNECTOR_NOT_RUNNING,
+            !connector.running,
+            Duration::from_millis(cfg.connector_alert_ms),
+            format!(
+                "connector {}: {} (tasks: {})",
+                connector.name,
+                connector.state,
+                connector.tasks.join(", ")
+            ),
+            now,
+        );
+        if let Some(detail) = restarted {
+            tracing::warn!("{detail}");
+            alarms.event(alarm::CONNECTOR_RESTARTED, detail, now);
+        }
+        alarms.condition(
+            alarm::CONNECTOR_TASK_MOVING,
+            connector.task_moves > cfg.task_moves_alert,
+            Duration::ZERO,
+            format!(
+                "the task of connector {} moved between workers {} times in {} s (now on {})",
+                connector.name,
+                connector.task_moves,
+                cfg.task_moves_window_ms / 1000,
+                connector.worker.as_deref().unwrap_or("none")
+            ),
+            now,
+        );
     }
-    alarms.condition(
-        alarm::CONNECTOR_TASK_MOVING,
-        connector.task_moves > cfg.task_moves_alert,
-        Duration::ZERO,
-        format!(
-            "the task of connector {} moved between workers {} times in {} s (now on {})",
-            connector.name,
-            connector.task_moves,
-            cfg.task_moves_window_ms / 1000,
-            connector.worker.as_deref().unwrap_or("none")
-        ),
-        now,
-    );
-    if let Some(r) = &replication {
+
+    /// `under_replicated_partitions` and `offline_partitions`.
+    fn replication(&mut self, r: &Replication) {
+        let (cfg, alarms, now) = (self.cfg, &mut *self.alarms, self.now);
         alarms.condition(
             alarm::UNDER_REPLICATED,
             !r.under_replicated.is_empty(),
@@ -162,46 +218,42 @@ pub fn evaluate(
             now,
         );
     }
-    let probe_alert = Duration::from_millis(cfg.probe_alert_ms);
-    let failing: Vec<String> = probes
-        .iter()
-        .filter(|p| Duration::from_millis(p.failing_ms) >= probe_alert)
-        .map(|p| format!("{}: {}", p.url, p.answer))
-        .collect();
-    alarms.condition(
-        alarm::PROBE_FAILING,
-        !failing.is_empty(),
-        Duration::ZERO,
-        failing.join("; "),
-        now,
-    );
-    for (topic, end) in &dead_letters {
-        match memory.dead_letter_ends.insert(topic.clone(), *end) {
-            Some(before) if *end > before => alarms.event(
-                alarm::DEAD_LETTERS,
-                format!("{topic}: {} new ({end} in all)", end - before),
-                now,
-            ),
-            _ => {}
+
+    /// `probe_failing`: a service's `/readyz` failing for `audit.probe_alert_ms`.
+    fn probes(&mut self, probes: &[Probe]) {
+        let (cfg, alarms, now) = (self.cfg, &mut *self.alarms, self.now);
+        let probe_alert = Duration::from_millis(cfg.probe_alert_ms);
+        let failing: Vec<String> = probes
+            .iter()
+            .filter(|p| Duration::from_millis(p.failing_ms) >= probe_alert)
+            .map(|p| format!("{}: {}", p.url, p.answer))
+            .collect();
+        alarms.condition(
+            alarm::PROBE_FAILING,
+            !failing.is_empty(),
+            Duration::ZERO,
+            failing.join("; "),
+            now,
+        );
+    }
+
+    /// `dead_letters`: a dead-letter topic grew since the last round.
+    fn dead_letters(
+        &mut self,
+        ends: &mut HashMap<String, i64>,
+        dead_letters: &BTreeMap<String, i64>,
+    ) {
+        let (alarms, now) = (&mut *self.alarms, self.now);
+        for (topic, end) in dead_letters {
+            match ends.insert(topic.clone(), *end) {
+                Some(before) if *end > before => alarms.event(
+                    alarm::DEAD_LETTERS,
+                    format!("{topic}: {} new ({end} in all)", end - before),
+                    now,
+                ),
+                _ => {}
+            }
         }
-    }
-    if let Some(backlog) = &outbox {
-        backlog.judge(cfg, alarms, now);
-    }
-    if let (Some(t), Some(report)) = (memory.topology.as_deref_mut(), &nodes) {
-        t.judge(report, cfg, alarms, now);
-    }
-    alarms.expire(Duration::from_millis(cfg.event_alarm_ms), now);
-    Latest {
-        checked_at: Some(at),
-        cdc,
-        slot,
-        connector: Some(connector),
-        probes,
-        dead_letters,
-        replication,
-        outbox,
-        topology: nodes,
     }
 }
 

@@ -38,8 +38,8 @@ use tokio::time::Instant;
 use crate::settings::Settings;
 use alarms::Alarms;
 use chatpipe_runtime::{
-    Decode, Failure, Position, Processor, ReaderHealth, ReaderSpec, ReaderThread, Readiness,
-    Supervisor, WriterSchemas,
+    Decode, Failure, Position, Processor, ReaderHealth, ReaderSpec, Readiness, Supervisor,
+    WriterSchemas,
 };
 use ledger::{Finding, Gap, Ledger, Regression};
 
@@ -315,12 +315,7 @@ fn run_events(
     audit: Audit,
 ) -> anyhow::Result<()> {
     let cfg = &settings.audit;
-    let thread = ReaderThread::new(
-        settings.kafka.client(),
-        settings.registry_client()?,
-        health,
-        &settings.readers,
-    )?;
+    let thread = settings.reader_thread(health)?;
     let mut spec = ReaderSpec::group(
         "audit-events",
         "audit",

@@ -44,8 +44,8 @@ use crate::settings::Settings;
 use changelog::Changelog;
 use chatpipe_runtime::schemas::header_text;
 use chatpipe_runtime::{
-    retry_until, Decode, Failure, ReaderHealth, ReaderSpec, ReaderThread, Readiness, Source,
-    Supervisor, WriterSchemas,
+    retry_until, Decode, Failure, ReaderHealth, ReaderSpec, Readiness, Source, Supervisor,
+    WriterSchemas,
 };
 use commits::{ChangelogWrites, DeliveryReport, PendingOffsets, Unacked};
 use events::Fanout;
@@ -159,12 +159,7 @@ fn run_typing(
     status: Arc<Status>,
 ) -> anyhow::Result<()> {
     let cfg = settings.fanout.clone();
-    let thread = ReaderThread::new(
-        settings.kafka.client(),
-        settings.registry_client()?,
-        health,
-        &settings.readers,
-    )?;
+    let thread = settings.reader_thread(health)?;
     let started = thread.start(stop, "fanout-typing: starting", || async {
         let codec = thread
             .registry()
@@ -233,12 +228,7 @@ fn run_presence(
     caught_up: Arc<AtomicBool>,
 ) -> anyhow::Result<()> {
     let cfg = &settings.fanout;
-    let thread = ReaderThread::new(
-        settings.kafka.client(),
-        settings.registry_client()?,
-        health,
-        &settings.readers,
-    )?;
+    let thread = settings.reader_thread(health)?;
     let spec = ReaderSpec {
         name: "fanout-presence".into(),
         metric: "fanout_presence",
@@ -318,12 +308,7 @@ fn run_events(
     caught_up: Arc<AtomicBool>,
 ) -> anyhow::Result<()> {
     let cfg = settings.fanout.clone();
-    let thread = ReaderThread::new(
-        settings.kafka.client(),
-        settings.registry_client()?,
-        health,
-        &settings.readers,
-    )?;
+    let thread = settings.reader_thread(health)?;
     let started = thread.start(stop, "fanout-events: starting", || {
         // Asked of the broker outside the runtime (librdkafka blocks).
         let copartitioned =

@@ -28,7 +28,7 @@ use tokio::time::Instant;
 
 use crate::settings::Settings;
 use chatpipe_runtime::{
-    Failure, Position, Processor, ReaderHealth, ReaderSpec, ReaderThread, Readiness, Supervisor,
+    Failure, Position, Processor, ReaderHealth, ReaderSpec, Readiness, Supervisor,
 };
 use window::{Batch, Window};
 
@@ -201,12 +201,7 @@ fn run_one(
     health: Arc<ReaderHealth>,
 ) -> anyhow::Result<()> {
     let cfg = &settings.receipts;
-    let thread = ReaderThread::new(
-        settings.kafka.client(),
-        settings.registry_client()?,
-        health,
-        &settings.readers,
-    )?;
+    let thread = settings.reader_thread(health)?;
     let Some((codec, pool)) = thread.start(stop, name, || async {
         let codec = thread
             .registry()
