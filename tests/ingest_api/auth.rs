@@ -173,3 +173,97 @@ async fn a_non_member_is_refused_on_every_conversation_endpoint_as_if_it_did_not
         2
     );
 }
+
+/// A standard HS256 token as other issuers make it: no `iat` (RFC 7519 makes it
+/// optional), with `nbf`: accepted where no lifetime cap is set, refused by the default
+/// cap (`auth.max_lifetime_secs`, 24 h), which needs `iat` to measure a token, as is one
+/// that lives a second longer than the cap. And a 401 says what is wrong in plain words,
+/// not the parser's.
+#[tokio::test]
+async fn a_standard_token_without_iat_is_accepted_and_refusals_are_plain_words() {
+    use jsonwebtoken::{encode, EncodingKey, Header};
+    let app = spawn_app().await;
+    let uncapped = chatpipe_tests::spawn_app_with(|s| s.auth.max_lifetime_secs = None).await;
+    let now = chatpipe_core::auth::unix_now();
+    // Exactly these claims; `sign` adds the audience and issuer every token must name
+    // (auth.audience, auth.issuer).
+    let unnamed = |claims: serde_json::Value| {
+        encode(
+            &Header::default(),
+            &claims,
+            &EncodingKey::from_secret(chatpipe_tests::JWT_SECRET.as_bytes()),
+        )
+        .unwrap()
+    };
+    let sign = |mut claims: serde_json::Value| {
+        claims["aud"] = chatpipe_core::auth::DEFAULT_AUDIENCE.into();
+        claims["iss"] = chatpipe_core::auth::DEFAULT_ISSUER.into();
+        encode(
+            &Header::default(),
+            &claims,
+            &EncodingKey::from_secret(chatpipe_tests::JWT_SECRET.as_bytes()),
+        )
+        .unwrap()
+    };
+    let standard = sign(json!({"sub": "42", "exp": now + 600, "nbf": now - 5}));
+    let bearer = Some(format!("Bearer {standard}"));
+    uncapped
+        .with_auth(bearer.clone())
+        .get("/inbox")
+        .await
+        .expect(200);
+    let problem = app.with_auth(bearer).get("/inbox").await.problem(401);
+    assert_eq!(problem["detail"], "the token has no `iat` claim");
+    let day = 86_400;
+    let full_day = sign(json!({"sub": "42", "iat": now, "exp": now + day}));
+    app.with_auth(Some(format!("Bearer {full_day}")))
+        .get("/inbox")
+        .await
+        .expect(200);
+
+    let refusals = [
+        (
+            sign(json!({"sub": "42", "exp": now + 600, "nbf": now + 600})),
+            "the token is not valid yet (nbf)",
+        ),
+        (
+            format!(
+                "{}.{}.",
+                base64_url(r#"{"alg":"none","typ":"JWT"}"#),
+                base64_url(r#"{"sub":"42","exp":99999999999}"#)
+            ),
+            r#"unsupported token algorithm "none": tokens are signed with HS256"#,
+        ),
+        (
+            sign(json!({"iat": now, "exp": now + 600})),
+            "the token has no `sub` claim",
+        ),
+        (
+            sign(json!({"sub": "42", "iat": now, "exp": now + day + 1})),
+            "the token lives longer than 86400 s (exp - iat): ask for a shorter one",
+        ),
+        (
+            sign(json!({"sub": "42", "iat": now, "exp": u64::MAX})),
+            "the token lives longer than 86400 s (exp - iat): ask for a shorter one",
+        ),
+        (
+            unnamed(json!({"sub": "42", "iat": now, "exp": now + 600, "iss": "chatpipe"})),
+            "the token has no `aud` claim",
+        ),
+        (
+            unnamed(
+                json!({"sub": "42", "iat": now, "exp": now + 600, "aud": "chatpipe",
+                           "iss": "https://id.example"}),
+            ),
+            "the token's issuer (iss) is not \"chatpipe\"",
+        ),
+    ];
+    for (token, words) in refusals {
+        let problem = app
+            .with_auth(Some(format!("Bearer {token}")))
+            .get("/inbox")
+            .await
+            .problem(401);
+        assert_eq!(problem["detail"], words, "{problem}");
+    }
+}
