@@ -11,6 +11,7 @@ pub mod bench;
 pub mod cluster;
 pub mod cpu;
 pub mod drill;
+pub mod freeze;
 pub mod jwks;
 pub mod pgbench;
 pub mod pgstats;
