@@ -7,6 +7,7 @@ pub mod client;
 pub mod configuration;
 pub mod connection;
 pub mod deliveries;
+pub mod frames;
 pub mod presence;
 pub mod resync;
 pub mod routes;
@@ -15,6 +16,7 @@ pub mod signals;
 pub mod startup;
 
 pub use configuration::{Settings, ALIASES};
+pub use frames::Frame;
 pub use routes::{Gateway, SUBPROTOCOL};
 pub use sessions::Sessions;
 pub use startup::{admin_listener, listener, run};

@@ -20,6 +20,7 @@ use std::time::Duration;
 use chatpipe_runtime::Readiness;
 use tokio::time::Instant;
 
+use crate::frames::Frame;
 use crate::sessions::Sessions;
 
 /// The frame's `type`.
@@ -54,7 +55,10 @@ impl Cause {
 
 /// Sends the frame to every session; returns how many got it. `detail` goes to the log.
 pub fn broadcast(sessions: &Sessions, cause: Cause, detail: &str) -> usize {
-    let frame = serde_json::json!({"type": RESYNC, "reason": cause.reason()}).to_string();
+    let frame = Frame::Resync {
+        reason: cause.reason(),
+    }
+    .text();
     let sent = sessions.push(&sessions.online(), &frame);
     metrics::counter!("gateway_resyncs_total", "cause" => cause.label()).increment(1);
     metrics::counter!("gateway_resync_frames_total").increment(sent as u64);

@@ -1,6 +1,8 @@
 //! docs/asyncapi.yaml: valid AsyncAPI 3 by the AsyncAPI Initiative's own parser (its
 //! Avro payloads resolved from schemas/ and parsed as Avro), and complete: every topic
-//! of the contract and every frame type the gateway pushes or reads is in it.
+//! of the contract and every frame type the gateway pushes or reads is in it; and every
+//! frame the gateway makes (`gateway::Frame`, each kind full and light) is valid against
+//! its payload schema there.
 
 use std::collections::BTreeSet;
 
@@ -67,4 +69,72 @@ fn every_topic_and_every_frame_type_is_in_the_asyncapi_document() {
     ] {
         assert!(names.contains(frame), "no message named {frame}");
     }
+}
+
+/// One fanout list of each kind, full and light, and each resync: the frames the
+/// gateway makes of them, validated by jsonschema against docs/asyncapi.yaml (whose
+/// server frames allow no other property).
+#[test]
+fn every_frame_the_gateway_makes_is_valid_against_its_asyncapi_payload() {
+    use chatpipe_schemas::delivery::Delivery;
+    use chatpipe_schemas::{ConversationId, Seq, UserId, Watermark};
+    use gateway::resync::Cause;
+    use gateway::Frame;
+
+    let list = |event_type: &str, light: bool| Delivery {
+        gateway_id: "gw-0".into(),
+        user_ids: vec![UserId::of(7)],
+        light,
+        event_type: event_type.into(),
+        conversation_id: ConversationId::of(38),
+        seq: Some(Seq::of(4)),
+        sender_id: Some(UserId::of(95601)),
+        body: Some("See you!".into()),
+        user_id: Some(UserId::of(7)),
+        last_read_seq: Some(Watermark::of(4)),
+        last_delivered_seq: Some(Watermark::of(4)),
+        occurred_at: 1_796_000_000_000_000,
+        client_msg_id: Some(uuid::Uuid::new_v4()),
+    };
+    let mut frames = Vec::new();
+    for (event_type, message) in [
+        (MESSAGE_NEW, "messageNew"),
+        (MESSAGE_EDITED, "messageEdited"),
+        (MESSAGE_DELETED, "messageDeleted"),
+        (READ_UPDATED, "readUpdated"),
+        (DELIVERY_UPDATED, "deliveryUpdated"),
+        (TYPING, "typingPush"),
+    ] {
+        for light in [false, true] {
+            let frame = Frame::of(&list(event_type, light)).expect("a known event type");
+            let json: serde_json::Value = serde_json::from_str(&frame.text()).unwrap();
+            assert_eq!(json["type"], event_type, "{json}");
+            frames.push(serde_json::json!({"message": message, "frame": json}));
+        }
+    }
+    assert!(Frame::of(&list("message.reacted", false)).is_none());
+    for cause in [Cause::Presence, Cause::Deliveries] {
+        let frame = Frame::Resync {
+            reason: cause.reason(),
+        };
+        let json: serde_json::Value = serde_json::from_str(&frame.text()).unwrap();
+        assert_eq!(json["type"], gateway::resync::RESYNC);
+        frames.push(serde_json::json!({"message": "resync", "frame": json}));
+    }
+    let file = std::env::temp_dir().join(format!("chatpipe-frames-{}.json", std::process::id()));
+    std::fs::write(&file, serde_json::to_vec(&frames).unwrap()).unwrap();
+    let python = std::env::var("CHATPIPE_PYTHON").unwrap_or_else(|_| {
+        panic!("CHATPIPE_PYTHON is not set: run the suite with scripts/test, which installs jsonschema")
+    });
+    let out = crate::run_tool(
+        &python,
+        &[
+            "tests/contracts/frames.py",
+            "docs/asyncapi.yaml",
+            file.to_str().unwrap(),
+        ],
+        &repo_root(),
+        "pip install -r tests/contracts/requirements.txt (scripts/test does)",
+    );
+    assert_eq!(out.matches("ok ").count(), frames.len(), "{out}");
 }

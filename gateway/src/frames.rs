@@ -1,0 +1,209 @@
+//! What the gateway sends a client, one type per frame (docs/protocol.md,
+//! docs/asyncapi.yaml, where `tests/contracts` checks each against its payload schema).
+//! A push is in full, or (above the fanout threshold) "light": only where to look, the
+//! client pulls the rest over REST.
+
+use chatpipe_schemas::delivery::{
+    Delivery, DELIVERY_UPDATED, MESSAGE_DELETED, MESSAGE_EDITED, MESSAGE_NEW, READ_UPDATED, TYPING,
+};
+use chatpipe_schemas::{ConversationId, Seq, UserId, Watermark};
+use serde::Serialize;
+
+/// A frame for a client, serialized with its `type`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "type")]
+pub enum Frame {
+    #[serde(rename = "message.new")]
+    MessageNew(Pushed<MessageNew, LightMessage>),
+    #[serde(rename = "message.edited")]
+    MessageEdited(Pushed<MessageEdited, LightMessage>),
+    #[serde(rename = "message.deleted")]
+    MessageDeleted(Pushed<MessageDeleted, LightMessage>),
+    #[serde(rename = "read.updated")]
+    ReadUpdated(Pushed<ReadUpdated, LightRead>),
+    #[serde(rename = "delivery.updated")]
+    DeliveryUpdated(Pushed<DeliveryUpdated, LightDelivered>),
+    /// Someone else in the conversation is typing: show it until 6 s after the last one.
+    #[serde(rename = "typing")]
+    Typing(Typing),
+    /// Pushes may have been lost while the connection stayed open: catch up over REST.
+    #[serde(rename = "resync")]
+    Resync { reason: &'static str },
+}
+
+/// A push in full or light.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum Pushed<Full, Light> {
+    Full(Full),
+    Light(Light),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MessageNew {
+    pub conversation_id: ConversationId,
+    pub seq: Option<Seq>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sender_id: Option<UserId>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<String>,
+    /// From fanouts that write it (delivery.avsc v5).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_msg_id: Option<uuid::Uuid>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MessageEdited {
+    pub conversation_id: ConversationId,
+    pub seq: Option<Seq>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sender_id: Option<UserId>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub edited_at: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MessageDeleted {
+    pub conversation_id: ConversationId,
+    pub seq: Option<Seq>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sender_id: Option<UserId>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deleted_by: Option<UserId>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deleted_at: Option<String>,
+}
+
+/// A message event above the fanout threshold: fetch it with `afterSeq = seq - 1`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LightMessage {
+    pub conversation_id: ConversationId,
+    pub seq: Option<Seq>,
+    pub light: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReadUpdated {
+    pub conversation_id: ConversationId,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user_id: Option<UserId>,
+    pub last_read_seq: Option<Watermark>,
+}
+
+/// Large groups: reads coalesced per conversation, without `userId`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LightRead {
+    pub conversation_id: ConversationId,
+    pub last_read_seq: Option<Watermark>,
+    pub light: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeliveryUpdated {
+    pub conversation_id: ConversationId,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user_id: Option<UserId>,
+    pub last_delivered_seq: Option<Watermark>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LightDelivered {
+    pub conversation_id: ConversationId,
+    pub last_delivered_seq: Option<Watermark>,
+    pub light: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Typing {
+    pub conversation_id: ConversationId,
+    pub user_id: Option<UserId>,
+}
+
+impl Frame {
+    /// The frame for a fanout list; `None` for an event type this gateway does not know
+    /// (a newer fanout's), which it drops.
+    pub fn of(d: &Delivery) -> Option<Self> {
+        let at = chrono::DateTime::from_timestamp_micros(d.occurred_at)
+            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true));
+        let (conversation_id, seq) = (d.conversation_id, d.seq);
+        Some(match d.event_type.as_str() {
+            MESSAGE_NEW if d.light => Self::MessageNew(light_message(d)),
+            MESSAGE_EDITED if d.light => Self::MessageEdited(light_message(d)),
+            MESSAGE_DELETED if d.light => Self::MessageDeleted(light_message(d)),
+            MESSAGE_NEW => Self::MessageNew(Pushed::Full(MessageNew {
+                conversation_id,
+                seq,
+                sender_id: d.sender_id,
+                body: d.body.clone(),
+                created_at: at,
+                client_msg_id: d.client_msg_id,
+            })),
+            MESSAGE_EDITED => Self::MessageEdited(Pushed::Full(MessageEdited {
+                conversation_id,
+                seq,
+                sender_id: d.sender_id,
+                body: d.body.clone(),
+                edited_at: at,
+            })),
+            MESSAGE_DELETED => Self::MessageDeleted(Pushed::Full(MessageDeleted {
+                conversation_id,
+                seq,
+                sender_id: d.sender_id,
+                deleted_by: d.user_id,
+                deleted_at: at,
+            })),
+            READ_UPDATED if d.light => Self::ReadUpdated(Pushed::Light(LightRead {
+                conversation_id,
+                last_read_seq: d.last_read_seq,
+                light: true,
+            })),
+            READ_UPDATED => Self::ReadUpdated(Pushed::Full(ReadUpdated {
+                conversation_id,
+                user_id: d.user_id,
+                last_read_seq: d.last_read_seq,
+            })),
+            DELIVERY_UPDATED if d.light => Self::DeliveryUpdated(Pushed::Light(LightDelivered {
+                conversation_id,
+                last_delivered_seq: d.last_delivered_seq,
+                light: true,
+            })),
+            DELIVERY_UPDATED => Self::DeliveryUpdated(Pushed::Full(DeliveryUpdated {
+                conversation_id,
+                user_id: d.user_id,
+                last_delivered_seq: d.last_delivered_seq,
+            })),
+            TYPING => Self::Typing(Typing {
+                conversation_id,
+                user_id: d.user_id,
+            }),
+            _ => return None,
+        })
+    }
+
+    /// The frame's JSON text, as it goes on the socket.
+    pub fn text(&self) -> String {
+        serde_json::to_string(self).expect("a frame serializes")
+    }
+}
+
+/// A message event above the fanout threshold, whichever its type.
+fn light_message<Full>(d: &Delivery) -> Pushed<Full, LightMessage> {
+    Pushed::Light(LightMessage {
+        conversation_id: d.conversation_id,
+        seq: d.seq,
+        light: true,
+    })
+}
