@@ -33,7 +33,7 @@ pub struct Gateway {
     pub read_buffer_bytes: usize,
     /// The largest message a client may send; larger closes the connection.
     pub max_client_message_bytes: usize,
-    pub shutdown: tokio::sync::watch::Receiver<bool>,
+    pub shutdown: chatpipe_runtime::CancellationToken,
     /// Where clients' `ack` and `typing` frames go.
     pub signals: signals::Signals,
 }
@@ -139,10 +139,7 @@ async fn ws(State(gw): State<Gateway>, headers: HeaderMap, upgrade: WebSocketUpg
             session.token_expires = tokio::time::Instant::now().checked_add(expires_in);
             let id = session.id;
             let (sink, stream) = socket.split();
-            let mut stop = gw.shutdown.clone();
-            let shutdown = async move {
-                let _ = stop.wait_for(|s| *s).await;
-            };
+            let shutdown = gw.shutdown.clone().cancelled_owned();
             let signals = gw.signals.connection(user);
             let ended =
                 connection::serve_with(sink, stream, session, gw.heartbeat, shutdown, signals)

@@ -1,14 +1,14 @@
 //! Starting the gateway: its producers and schemas, the deliveries reader, the tasks
 //! under one supervisor, and the listeners.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use chatpipe_core::kafka::CreateGuarded;
 use chatpipe_core::startup::wait_for;
-use chatpipe_runtime::{Reader, ReaderSpec, Readiness, Source, Supervisor, WriterSchemas};
+use chatpipe_runtime::{
+    CancellationToken, Reader, ReaderSpec, Readiness, Source, Supervisor, WriterSchemas,
+};
 use chatpipe_schemas::registry::{incompatible, Registry};
 
 use crate::configuration::{DeliveriesSettings, Settings};
@@ -42,9 +42,8 @@ pub async fn run(
         tokio::sync::mpsc::channel(settings.deliveries.max_pending_lists.max(1));
     let reader = deliveries_reader(&settings, &registry, &readiness, lists_tx).await?;
 
-    let stop = Arc::new(AtomicBool::new(false));
+    let stop = stop_on(shutdown);
     let mut supervisor = Supervisor::new(stop.clone());
-    let stop_rx = stop_on(shutdown, stop);
     supervisor.spawn_thread("deliveries", move |stop| reader.run(&stop));
     supervisor.spawn_async("push", {
         let sessions = sessions.clone();
@@ -55,7 +54,7 @@ pub async fn run(
     });
     {
         let sessions = sessions.clone();
-        let stop = stopped(stop_rx.clone());
+        let stop = stop.clone().cancelled_owned();
         supervisor.spawn_async("presence", async move {
             publisher.run(sessions.clone(), stop).await;
             // The connections close on the stop signal; their tombstones go out last.
@@ -71,7 +70,7 @@ pub async fn run(
     }
     {
         let (readiness, sessions) = (readiness.clone(), sessions.clone());
-        let stop = stopped(stop_rx.clone());
+        let stop = stop.clone().cancelled_owned();
         supervisor.spawn_async("resync", async move {
             resync::watch_readers(readiness, sessions, Duration::from_secs(1), stop).await;
             Ok(())
@@ -84,16 +83,10 @@ pub async fn run(
         heartbeat: Duration::from_millis(settings.sessions.heartbeat_ms),
         read_buffer_bytes: settings.sessions.read_buffer_bytes,
         max_client_message_bytes: settings.sessions.max_client_message_bytes,
-        shutdown: stop_rx.clone(),
+        shutdown: stop.clone(),
         signals,
     };
-    serve(
-        &settings,
-        &mut supervisor,
-        gateway,
-        (listener, admin),
-        stop_rx,
-    )?;
+    serve(&settings, &mut supervisor, gateway, (listener, admin), stop)?;
     supervisor.wait().await
 }
 
@@ -251,27 +244,16 @@ async fn deliveries_reader(
     .map_err(anyhow::Error::msg)
 }
 
-/// The stop, as a flag for the supervisor's tasks and a watch for the connections: set
-/// by `shutdown` (SIGTERM), or by the supervisor when a task ended on its own.
-fn stop_on(
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-    stop: Arc<AtomicBool>,
-) -> tokio::sync::watch::Receiver<bool> {
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        tokio::select! {
-            () = shutdown => {}
-            () = async { while !stop.load(Ordering::Relaxed) { tokio::time::sleep(Duration::from_millis(50)).await } } => {}
-        }
-        stop.store(true, Ordering::Relaxed);
-        let _ = stop_tx.send(true);
-    });
-    stop_rx
-}
-
-/// Resolves once `rx` says stop.
-async fn stopped(mut rx: tokio::sync::watch::Receiver<bool>) {
-    let _ = rx.wait_for(|s| *s).await;
+/// The stop of every task and connection: cancelled by `shutdown` (SIGTERM), or by the
+/// supervisor when a task ended on its own.
+fn stop_on(shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> CancellationToken {
+    let stop = CancellationToken::new();
+    let on_shutdown = stop.clone();
+    tokio::spawn(stop.clone().run_until_cancelled_owned(async move {
+        shutdown.await;
+        on_shutdown.cancel();
+    }));
+    stop
 }
 
 /// `/ws` (under the supervisor, with the connection limits of `http.*`) and the admin
@@ -281,7 +263,7 @@ fn serve(
     supervisor: &mut Supervisor,
     gateway: Gateway,
     (listener, admin): (tokio::net::TcpListener, tokio::net::TcpListener),
-    stop_rx: tokio::sync::watch::Receiver<bool>,
+    stop: CancellationToken,
 ) -> anyhow::Result<()> {
     tracing::info!(
         addr = %listener.local_addr()?,
@@ -289,7 +271,7 @@ fn serve(
         partition = settings.deliveries.partition,
         "gateway listening"
     );
-    let admin_stop = stopped(stop_rx.clone());
+    let admin_stop = stop.clone().cancelled_owned();
     let admin_router = chatpipe_runtime::http::router(gateway.readiness.clone());
     tokio::spawn(chatpipe_core::http::serve(
         admin,
@@ -297,7 +279,7 @@ fn serve(
         chatpipe_core::http::ConnectionLimits::ADMIN,
         admin_stop,
     ));
-    let server_stop = stopped(stop_rx);
+    let server_stop = stop.cancelled_owned();
     let limits = chatpipe_core::http::ConnectionLimits {
         header_read_timeout_ms: settings.http.header_read_timeout_ms,
         max_connections: settings.http.max_connections,

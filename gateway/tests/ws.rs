@@ -20,7 +20,6 @@ async fn start() -> (String, Sessions, TokenKeys) {
 /// to directly.
 async fn start_with(sessions: Sessions) -> (String, Sessions, TokenKeys) {
     let keys = TokenKeys::new(&SECRET.to_owned().into(), Duration::ZERO).unwrap();
-    let (_stop, shutdown) = tokio::sync::watch::channel(false);
     let gw = Gateway {
         keys: keys.clone(),
         sessions: sessions.clone(),
@@ -29,7 +28,7 @@ async fn start_with(sessions: Sessions) -> (String, Sessions, TokenKeys) {
         // As configured (config/gateway.toml).
         read_buffer_bytes: configured().sessions.read_buffer_bytes,
         max_client_message_bytes: configured().sessions.max_client_message_bytes,
-        shutdown,
+        shutdown: Default::default(),
         // No broker here: an ack a test sent would be queued and never delivered.
         signals: gateway::signals::Signals {
             producer: rdkafka::ClientConfig::new()
@@ -57,10 +56,12 @@ async fn start_with(sessions: Sessions) -> (String, Sessions, TokenKeys) {
         max_connections_per_ip: 1_000,
         refusing_at_once: 16,
     };
-    tokio::spawn(async move {
-        let _keep = _stop;
-        chatpipe_core::http::serve(listener, gw.router(), limits, std::future::pending()).await
-    });
+    tokio::spawn(chatpipe_core::http::serve(
+        listener,
+        gw.router(),
+        limits,
+        std::future::pending(),
+    ));
     (format!("ws://{addr}/ws"), sessions, keys)
 }
 

@@ -174,15 +174,18 @@ impl Application {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let stop = tokio_util::sync::CancellationToken::new();
         let grace = self.shutdown_grace;
-        let signal = async move {
-            shutdown.await;
-            tracing::info!(
-                grace_ms = grace.as_millis() as u64,
-                "shutting down; draining in-flight requests"
-            );
-            let _ = stop_tx.send(true);
+        let signal = {
+            let stop = stop.clone();
+            async move {
+                shutdown.await;
+                tracing::info!(
+                    grace_ms = grace.as_millis() as u64,
+                    "shutting down; draining in-flight requests"
+                );
+                stop.cancel();
+            }
         };
         let server =
             chatpipe_core::http::serve(self.listener, self.router, self.connection_limits, signal);
@@ -193,9 +196,8 @@ impl Application {
             chatpipe_core::http::ConnectionLimits::ADMIN,
             std::future::pending(),
         ));
-        let mut stopped = stop_rx.clone();
         let deadline = async move {
-            let _ = stopped.wait_for(|s| *s).await;
+            stop.cancelled().await;
             tokio::time::sleep(grace).await;
         };
         tokio::select! {

@@ -1,7 +1,7 @@
 //! `pipeline`: chatpipe's stream processors, and tools to look at the streams.
 
+use chatpipe_runtime::CancellationToken;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -48,7 +48,7 @@ async fn main() -> anyhow::Result<()> {
     chatpipe_core::telemetry::init_logging();
     let settings = Settings::load(cli.config.as_deref()).context("loading configuration")?;
     let readiness = Readiness::default();
-    let stop = Arc::new(AtomicBool::new(false));
+    let stop = CancellationToken::new();
     let mut supervisor = Supervisor::new(stop.clone());
     if matches!(
         cli.command,
@@ -94,7 +94,7 @@ async fn main() -> anyhow::Result<()> {
     tokio::spawn(async move {
         chatpipe_core::startup::shutdown_signal().await;
         tracing::info!("stopping: finishing open work, committing, leaving the group");
-        stop.store(true, Ordering::Relaxed);
+        stop.cancel();
     });
     // A reader that dies makes the process exit non-zero (its manager restarts it).
     supervisor.wait().await

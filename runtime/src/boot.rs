@@ -14,8 +14,8 @@
 //! ```
 
 use std::future::Future;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
 
 use chatpipe_schemas::registry::Registry;
 use rdkafka::ClientConfig;
@@ -70,7 +70,7 @@ impl ReaderThread {
     /// database is down waits for it). `None` if `stop` was set first.
     pub fn start<T, F>(
         &self,
-        stop: &AtomicBool,
+        stop: &CancellationToken,
         what: &str,
         mut attempt: impl FnMut() -> F,
     ) -> Option<T>
@@ -104,7 +104,7 @@ impl ReaderThread {
         self,
         spec: ReaderSpec,
         processor: P,
-        stop: &AtomicBool,
+        stop: &CancellationToken,
     ) -> anyhow::Result<()> {
         self.reader(spec, processor)?.run(stop)
     }

@@ -28,6 +28,8 @@ pub use reader::{Position, Processor, Reader, ReaderSpec, Source};
 pub use retry::{retry_until, ReaderSettings};
 pub use schemas::{Decode, WriterSchemas};
 pub use supervisor::Supervisor;
+/// How a process tells its tasks to stop: on SIGTERM, or when one of them failed.
+pub use tokio_util::sync::CancellationToken;
 
 /// The runtime a reader thread blocks on for its async calls (database, registry,
 /// dead-letter acks). One worker thread drives its IO, so a Kafka callback inside `poll`

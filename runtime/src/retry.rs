@@ -1,7 +1,7 @@
 //! Capped exponential backoff with jitter, for a reader waiting out an outage.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use serde::Deserialize;
@@ -47,7 +47,7 @@ impl ReaderSettings {
 /// starting while the registry, the broker or the database is down waits for it).
 /// `None` if `stop` was set first.
 pub fn retry_until<T>(
-    stop: &AtomicBool,
+    stop: &CancellationToken,
     settings: &ReaderSettings,
     what: &str,
     mut attempt: impl FnMut() -> anyhow::Result<T>,
@@ -72,7 +72,7 @@ pub fn retry_until<T>(
                 );
                 let until = std::time::Instant::now() + wait;
                 while std::time::Instant::now() < until {
-                    if stop.load(Ordering::Relaxed) {
+                    if stop.is_cancelled() {
                         return None;
                     }
                     std::thread::sleep(Duration::from_millis(50).min(wait));

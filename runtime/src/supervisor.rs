@@ -5,25 +5,24 @@
 //! half-alive, with one reader dead and its `/healthz` still green.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 /// How long the other tasks get to finish after one failed or the stop was given.
 const GRACE: Duration = Duration::from_secs(30);
 
 pub struct Supervisor {
-    stop: Arc<AtomicBool>,
+    stop: CancellationToken,
     done_tx: mpsc::UnboundedSender<(String, anyhow::Result<()>)>,
     done_rx: mpsc::UnboundedReceiver<(String, anyhow::Result<()>)>,
     running: usize,
 }
 
 impl Supervisor {
-    /// Tasks are told to stop through `stop` (set on SIGTERM, or when a task fails).
-    pub fn new(stop: Arc<AtomicBool>) -> Self {
+    /// Tasks are told to stop through `stop` (cancelled on SIGTERM, or when a task fails).
+    pub fn new(stop: CancellationToken) -> Self {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         Self {
             stop,
@@ -33,7 +32,7 @@ impl Supervisor {
         }
     }
 
-    pub fn stop_flag(&self) -> Arc<AtomicBool> {
+    pub fn stop(&self) -> CancellationToken {
         self.stop.clone()
     }
 
@@ -41,7 +40,7 @@ impl Supervisor {
     pub fn spawn_thread(
         &mut self,
         name: impl Into<String>,
-        task: impl FnOnce(Arc<AtomicBool>) -> anyhow::Result<()> + Send + 'static,
+        task: impl FnOnce(CancellationToken) -> anyhow::Result<()> + Send + 'static,
     ) {
         let name = name.into();
         let (stop, done) = (self.stop.clone(), self.done_tx.clone());
@@ -81,8 +80,8 @@ impl Supervisor {
         });
     }
 
-    /// Waits for every task. Returns `Ok` only if every task ended after the stop flag
-    /// was set, without an error. The first task to end early sets the flag itself.
+    /// Waits for every task. Returns `Ok` only if every task ended after the stop was
+    /// given, without an error. The first task to end early gives it itself.
     pub async fn wait(mut self) -> anyhow::Result<()> {
         let mut first_fault: Option<anyhow::Error> = None;
         let mut deadline: Option<tokio::time::Instant> = None;
@@ -99,10 +98,10 @@ impl Supervisor {
                     }
                 },
                 None => {
-                    // Poll the flag too: a stop given from outside starts the grace period.
+                    // A stop given from outside starts the grace period.
                     tokio::select! {
                         next = self.done_rx.recv() => next,
-                        () = wait_for_flag(&self.stop) => {
+                        () = self.stop.cancelled() => {
                             deadline = Some(tokio::time::Instant::now() + GRACE);
                             continue;
                         }
@@ -111,7 +110,7 @@ impl Supervisor {
             };
             let Some((name, result)) = next else { break };
             self.running -= 1;
-            let stopping = self.stop.load(Ordering::Relaxed);
+            let stopping = self.stop.is_cancelled();
             match result {
                 Ok(()) if stopping => tracing::debug!(task = %name, "task stopped"),
                 Ok(()) => {
@@ -125,7 +124,7 @@ impl Supervisor {
                 }
             }
             if !stopping || first_fault.is_some() {
-                self.stop.store(true, Ordering::Relaxed);
+                self.stop.cancel();
                 deadline.get_or_insert_with(|| tokio::time::Instant::now() + GRACE);
             }
         }
@@ -139,12 +138,6 @@ impl Supervisor {
             .build()
             .expect("a current-thread runtime")
             .block_on(self.wait())
-    }
-}
-
-async fn wait_for_flag(flag: &AtomicBool) {
-    while !flag.load(Ordering::Relaxed) {
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -162,11 +155,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_task_that_fails_stops_the_others_and_the_process_fails() {
-        let stop = Arc::new(AtomicBool::new(false));
+        let stop = CancellationToken::new();
         let mut s = Supervisor::new(stop.clone());
         // A well-behaved task: runs until told to stop.
         s.spawn_thread("steady", |stop| {
-            while !stop.load(Ordering::Relaxed) {
+            while !stop.is_cancelled() {
                 std::thread::sleep(Duration::from_millis(5));
             }
             Ok(())
@@ -174,17 +167,17 @@ mod tests {
         s.spawn_thread("second", |_| anyhow::bail!("the database is gone"));
         let err = s.wait().await.expect_err("a failed task fails the process");
         assert!(format!("{err:#}").contains("task second failed: the database is gone"));
-        assert!(stop.load(Ordering::Relaxed), "the others were told to stop");
+        assert!(stop.is_cancelled(), "the others were told to stop");
     }
 
     #[tokio::test]
     async fn a_panic_or_an_early_return_is_a_fault_too() {
-        let mut s = Supervisor::new(Arc::default());
+        let mut s = Supervisor::new(CancellationToken::new());
         s.spawn_thread("panics", |_| panic!("boom"));
         let err = s.wait().await.unwrap_err();
         assert!(format!("{err:#}").contains("panicked: boom"), "{err:#}");
 
-        let mut s = Supervisor::new(Arc::default());
+        let mut s = Supervisor::new(CancellationToken::new());
         s.spawn_async("returns", async { Ok(()) });
         let err = s.wait().await.unwrap_err();
         assert!(format!("{err:#}").contains("ended on its own"));
@@ -192,17 +185,17 @@ mod tests {
 
     #[tokio::test]
     async fn tasks_that_stop_when_told_end_the_process_cleanly() {
-        let stop = Arc::new(AtomicBool::new(false));
+        let stop = CancellationToken::new();
         let mut s = Supervisor::new(stop.clone());
         for i in 0..3 {
             s.spawn_thread(format!("t{i}"), |stop| {
-                while !stop.load(Ordering::Relaxed) {
+                while !stop.is_cancelled() {
                     std::thread::sleep(Duration::from_millis(5));
                 }
                 Ok(())
             });
         }
-        stop.store(true, Ordering::Relaxed);
+        stop.cancel();
         s.wait().await.expect("a clean stop");
     }
 }

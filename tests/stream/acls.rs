@@ -3,8 +3,6 @@
 //! the matrix in docs/operations.md). The broker's answers are the witness: refusals
 //! are its authorization errors, and the topics' end offsets show nothing got through.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chatpipe_core::kafka::{BaseConsumer, CreateGuarded, FutureProducer};
@@ -153,7 +151,7 @@ async fn a_read_goes_through_kafka_as_the_services_principals() {
         .url
         .expose_secret()
         .contains("chatpipe_service"));
-    let stop = Arc::new(AtomicBool::new(false));
+    let stop = chatpipe_runtime::CancellationToken::new();
     let processor = {
         let stop = stop.clone();
         std::thread::spawn(move || pipeline::receipts::run(&settings, stop))
@@ -189,7 +187,7 @@ async fn a_read_goes_through_kafka_as_the_services_principals() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    stop.store(true, Ordering::Relaxed);
+    stop.cancel();
     tokio::task::spawn_blocking(move || processor.join())
         .await
         .unwrap()

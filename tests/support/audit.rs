@@ -2,8 +2,6 @@
 //! database, connector and slot. Its `/report` is served on a free port and read over
 //! HTTP, as an operator's tooling would.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -31,7 +29,7 @@ impl Pipeline {
 
     pub async fn start_audit(&self, settings: pipeline::settings::Settings) -> RunningAudit {
         chatpipe_core::telemetry::init_logging();
-        let stop = Arc::new(AtomicBool::new(false));
+        let stop = chatpipe_runtime::CancellationToken::new();
         let readiness = chatpipe_runtime::Readiness::default();
         let audit = pipeline::audit::Audit::new(&settings);
         let mut supervisor = chatpipe_runtime::Supervisor::new(stop.clone());
@@ -53,7 +51,7 @@ impl Pipeline {
 
 pub struct RunningAudit {
     pub base: String,
-    stop: Arc<AtomicBool>,
+    stop: chatpipe_runtime::CancellationToken,
     done: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
 }
 
@@ -100,14 +98,14 @@ impl RunningAudit {
 
     /// Stops it and waits for its tasks.
     pub async fn stop(mut self) -> anyhow::Result<()> {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.cancel();
         self.done.take().expect("running").await?
     }
 }
 
 impl Drop for RunningAudit {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.cancel();
     }
 }
 

@@ -3,7 +3,6 @@
 //! (one partition per gateway) are created by [`crate::stream::spawn_pipeline`].
 
 use chatpipe_core::kafka::CreateGuarded;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -51,7 +50,7 @@ impl Pipeline {
     /// Runs a fanout processor in this process until the handle is dropped.
     pub fn start_fanout(&self, settings: pipeline::settings::Settings) -> FanoutProcessor {
         chatpipe_core::telemetry::init_logging();
-        let stop = Arc::new(AtomicBool::new(false));
+        let stop = chatpipe_runtime::CancellationToken::new();
         let status = Arc::new(pipeline::fanout::Status::default());
         let readiness = chatpipe_runtime::Readiness::default();
         let (flag, st, r) = (stop.clone(), status.clone(), readiness.clone());
@@ -184,7 +183,7 @@ pub async fn wait_for_tombstone(topic: &str, key: &str, deadline: Duration) {
 
 /// A fanout processor on a thread of this test.
 pub struct FanoutProcessor {
-    stop: Arc<AtomicBool>,
+    stop: chatpipe_runtime::CancellationToken,
     pub status: Arc<pipeline::fanout::Status>,
     /// Its readers' state, as its `/readyz` would report it.
     pub readiness: chatpipe_runtime::Readiness,
@@ -229,7 +228,7 @@ impl FanoutProcessor {
 
     /// Stops it as SIGTERM would (commit, leave the group), and waits until it has.
     pub fn stop(mut self) -> anyhow::Result<()> {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.cancel();
         self.thread
             .take()
             .expect("running")
@@ -240,7 +239,7 @@ impl FanoutProcessor {
 
 impl Drop for FanoutProcessor {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.cancel();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

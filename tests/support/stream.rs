@@ -12,8 +12,7 @@
 
 use chatpipe_core::kafka::CreateGuarded;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use chatpipe_core::kafka::StreamConsumer;
@@ -274,7 +273,7 @@ impl Pipeline {
     /// Runs a receipts processor in this process until the handle is stopped.
     pub fn start_receipts(&self, settings: pipeline::settings::Settings) -> ReceiptsProcessor {
         chatpipe_core::telemetry::init_logging();
-        let stop = Arc::new(AtomicBool::new(false));
+        let stop = chatpipe_runtime::CancellationToken::new();
         let readiness = chatpipe_runtime::Readiness::default();
         let (flag, r) = (stop.clone(), readiness.clone());
         let thread = std::thread::spawn(move || pipeline::receipts::run_with(&settings, flag, &r));
@@ -325,7 +324,7 @@ pub async fn topic_exists(topic: &str) -> bool {
 
 /// A receipts processor on a thread of this test; stops (flushing) when told or dropped.
 pub struct ReceiptsProcessor {
-    stop: Arc<AtomicBool>,
+    stop: chatpipe_runtime::CancellationToken,
     /// Its readers' state, as its `/readyz` would report it.
     pub readiness: chatpipe_runtime::Readiness,
     thread: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
@@ -334,7 +333,7 @@ pub struct ReceiptsProcessor {
 impl ReceiptsProcessor {
     /// Stops it as SIGTERM would: flush the open window, commit, leave the group.
     pub fn stop(mut self) -> anyhow::Result<()> {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.cancel();
         self.thread
             .take()
             .expect("running")
@@ -392,7 +391,7 @@ pub async fn wait_for_partitions(
 
 impl Drop for ReceiptsProcessor {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.cancel();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

@@ -14,8 +14,8 @@
 //!
 //! This module reads; [`super::judge`] decides what the readings mean.
 
+use chatpipe_runtime::CancellationToken;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -196,15 +196,14 @@ impl Checker {
     }
 
     /// Checks every `audit.check_interval_ms` until `stop` is set.
-    pub async fn run(mut self, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
+    pub async fn run(mut self, stop: CancellationToken) -> anyhow::Result<()> {
         let every = Duration::from_millis(self.cfg.check_interval_ms);
-        let mut next = Instant::now();
-        while !stop.load(Ordering::Relaxed) {
-            if Instant::now() >= next {
-                self.check().await;
-                next = Instant::now() + every;
+        while !stop.is_cancelled() {
+            self.check().await;
+            tokio::select! {
+                () = tokio::time::sleep(every) => {}
+                () = stop.cancelled() => {}
             }
-            tokio::time::sleep(Duration::from_millis(100).min(every)).await;
         }
         Ok(())
     }

@@ -25,8 +25,8 @@ pub mod outbox;
 pub mod report;
 pub mod topology;
 
+use chatpipe_runtime::CancellationToken;
 use std::collections::VecDeque;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -303,14 +303,14 @@ pub fn spawn(
         });
     }
     let checker = checks::Checker::new(settings, audit, health)?;
-    let stop = supervisor.stop_flag();
+    let stop = supervisor.stop();
     supervisor.spawn_async("audit-checks", checker.run(stop));
     Ok(())
 }
 
 fn run_events(
     settings: &Settings,
-    stop: &AtomicBool,
+    stop: &CancellationToken,
     health: Arc<ReaderHealth>,
     audit: Audit,
 ) -> anyhow::Result<()> {

@@ -28,6 +28,7 @@ pub mod plan;
 pub mod presence;
 pub mod typing;
 
+use chatpipe_runtime::CancellationToken;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -154,7 +155,7 @@ pub fn spawn(
 /// The typing reader ([`typing`]): chat.ephemeral, a group of its own.
 fn run_typing(
     settings: &Settings,
-    stop: &AtomicBool,
+    stop: &CancellationToken,
     health: Arc<ReaderHealth>,
     status: Arc<Status>,
 ) -> anyhow::Result<()> {
@@ -204,14 +205,18 @@ fn run_typing(
 }
 
 /// Runs the fanout processor until `stop` is set. Blocking: call it from a thread.
-pub fn run(settings: &Settings, stop: Arc<AtomicBool>, status: Arc<Status>) -> anyhow::Result<()> {
+pub fn run(
+    settings: &Settings,
+    stop: CancellationToken,
+    status: Arc<Status>,
+) -> anyhow::Result<()> {
     run_with(settings, stop, status, &Readiness::default())
 }
 
 /// The same, reporting to `readiness`.
 pub fn run_with(
     settings: &Settings,
-    stop: Arc<AtomicBool>,
+    stop: CancellationToken,
     status: Arc<Status>,
     readiness: &Readiness,
 ) -> anyhow::Result<()> {
@@ -222,7 +227,7 @@ pub fn run_with(
 
 fn run_presence(
     settings: &Settings,
-    stop: &AtomicBool,
+    stop: &CancellationToken,
     health: Arc<ReaderHealth>,
     status: Arc<Status>,
     caught_up: Arc<AtomicBool>,
@@ -302,7 +307,7 @@ fn check_copartitioned(
 
 fn run_events(
     settings: &Settings,
-    stop: &AtomicBool,
+    stop: &CancellationToken,
     health: Arc<ReaderHealth>,
     status: Arc<Status>,
     caught_up: Arc<AtomicBool>,
@@ -331,7 +336,7 @@ fn run_events(
     };
     // Join only with a presence table that has read what chat.presence holds.
     while !caught_up.load(Ordering::Relaxed) {
-        if stop.load(Ordering::Relaxed) {
+        if stop.is_cancelled() {
             return Ok(());
         }
         thread.health().polled();

@@ -14,7 +14,7 @@
 pub mod flush;
 pub mod window;
 
-use std::sync::atomic::AtomicBool;
+use chatpipe_runtime::CancellationToken;
 use std::sync::Arc;
 use std::time::{Duration, Instant as StdInstant};
 
@@ -177,15 +177,15 @@ pub fn spawn(settings: &Settings, supervisor: &mut Supervisor, readiness: &Readi
     }
 }
 
-/// Runs the receipts readers until `stop` is set. Blocking: call it from a thread.
-pub fn run(settings: &Settings, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
+/// Runs the receipts readers until `stop` is cancelled. Blocking: call it from a thread.
+pub fn run(settings: &Settings, stop: CancellationToken) -> anyhow::Result<()> {
     run_with(settings, stop, &Readiness::default())
 }
 
 /// The same, reporting to `readiness`.
 pub fn run_with(
     settings: &Settings,
-    stop: Arc<AtomicBool>,
+    stop: CancellationToken,
     readiness: &Readiness,
 ) -> anyhow::Result<()> {
     let mut supervisor = Supervisor::new(stop);
@@ -197,7 +197,7 @@ fn run_one(
     settings: &Settings,
     mark: Mark,
     name: &str,
-    stop: &AtomicBool,
+    stop: &CancellationToken,
     health: Arc<ReaderHealth>,
 ) -> anyhow::Result<()> {
     let cfg = &settings.receipts;

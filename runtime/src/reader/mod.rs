@@ -27,6 +27,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
 
 use anyhow::Context;
 use chatpipe_core::kafka::{CreateGuarded, FutureProducer};
@@ -374,11 +375,11 @@ impl<P: Processor> Reader<P> {
     }
 
     /// Reads until `stop` is set, then finishes the processor's open work and commits.
-    pub fn run(mut self, stop: &AtomicBool) -> anyhow::Result<()> {
+    pub fn run(mut self, stop: &CancellationToken) -> anyhow::Result<()> {
         let spec = self.spec().clone();
         tracing::info!(reader = %spec.name, topic = %spec.topic, "reader running");
         let mut next_commit = Instant::now() + spec.commit_every;
-        while !stop.load(Ordering::Relaxed) {
+        while !stop.is_cancelled() {
             self.core.shared.health.polled();
             if self.hold.is_some() {
                 self.retry_held();

@@ -8,7 +8,7 @@
 //! up over REST; and the recovery time from the end of the fault to the first record on
 //! `chat.events` and the first push. Alarms `pipeline audit` raised meanwhile are listed.
 //!
-//! `scripts/drill` runs the full drill (every fault, `tests/bench/drill.rs`); the test
+//! `scripts/drill` runs the full drill (every fault, `tools/src/bin/drill.rs`); the test
 //! suite runs a short one (`tests/drill/`).
 
 pub mod events;

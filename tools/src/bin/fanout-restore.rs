@@ -12,7 +12,7 @@
 //! restore to the shortest's is what the issue bounds (within 2x for 100x the history).
 //!
 //! ```sh
-//! cargo build --release -p pipeline -p chatpipe-tests --bin fanout-restore
+//! cargo build --release -p pipeline -p chatpipe-tools --bin fanout-restore
 //! eval "$(scripts/stack env)" && target/release/fanout-restore
 //! ```
 

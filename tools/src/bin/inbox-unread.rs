@@ -5,7 +5,7 @@
 //! `(last_seq - deleted_count) - (last_read_seq - deleted_read)`: the target is p99(A)
 //! within 1.2x of p99(B), and p99 flat from 1M to 10M messages. A measurement, not a test.
 //!
-//!   eval "$(scripts/stack env)"; cargo build --release -p chatpipe-tests --bin inbox-unread
+//!   eval "$(scripts/stack env)"; cargo build --release -p chatpipe-tools --bin inbox-unread
 //!   target/release/inbox-unread [--scales 1000000,10000000] [--requests 2000] [--repeat 1]
 //!
 //! Each scale gets a fresh database (`bench_inbox_unread_<pid>_<scale>`, dropped after,

@@ -36,7 +36,7 @@ use hdrhistogram::Histogram;
 use serde_json::json;
 use sqlx::Connection;
 
-#[path = "send_load_wrk.rs"]
+#[path = "../send_load_wrk.rs"]
 mod wrk;
 
 /// Who sends the requests.

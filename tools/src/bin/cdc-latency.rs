@@ -15,7 +15,7 @@
 //! and measures commit-to-topic latency and Kafka Connect's CPU (`cdc_paced`);
 //! `--only-rates` runs those alone.
 
-#[path = "cdc_paced.rs"]
+#[path = "../cdc_paced.rs"]
 mod cdc_paced;
 
 use std::collections::HashSet;

@@ -23,8 +23,6 @@
 
 use chatpipe_core::kafka::CreateGuarded;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -389,7 +387,7 @@ async fn phase(
     let topic = format!("{db}.{}", storm.topic);
     let group = format!("{db}-{}", storm.route);
     let subject = format!("{db}.chat.events-value");
-    let stop = Arc::new(AtomicBool::new(false));
+    let stop = chatpipe_runtime::CancellationToken::new();
     let processor = match path {
         Path::Baseline => None,
         Path::Stream => {
@@ -514,7 +512,7 @@ async fn phase(
     // After: the API and the processor have closed their connections.
     let _ = stop_api.send(());
     server.await??;
-    stop.store(true, Ordering::Relaxed);
+    stop.cancel();
     if let Some(processor) = processor {
         processor
             .join()
