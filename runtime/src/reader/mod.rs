@@ -52,6 +52,10 @@ use hold::{Held, Hold};
 use offsets::{offset_list, Offsets};
 use watch::{FetchWatch, LeaderWatch};
 
+/// How long a stopping reader waits for its group's revocation to be served before it
+/// closes the consumer anyway.
+const LEAVE_WAIT: Duration = Duration::from_secs(10);
+
 /// Where a record was read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Position {
@@ -420,6 +424,24 @@ impl<P: Processor> Reader<P> {
         Ok(())
     }
 
+    /// Leaves the group on this thread, serving the revocation here, before the consumer
+    /// is closed: librdkafka aborts the process when a close finds an assignment still in
+    /// progress (librdkafka#4792, `assert: !rd_kafka_assignment_in_progress`; seen once
+    /// here, a fanout stopping while its test deleted the topics). Records polled meanwhile
+    /// are not applied: their offsets are not committed, so the next owner reads them.
+    fn leave_group(&mut self) {
+        self.consumer.unsubscribe();
+        let deadline = Instant::now() + LEAVE_WAIT;
+        while Instant::now() < deadline
+            && self
+                .consumer
+                .assignment()
+                .is_ok_and(|assigned| assigned.count() > 0)
+        {
+            let _ = self.consumer.poll(Duration::from_millis(50));
+        }
+    }
+
     /// Stopping: the processor finishes its open work (one attempt: if something is
     /// down, the records are read again after the restart), then a synchronous commit.
     fn finish(&mut self) {
@@ -430,7 +452,7 @@ impl<P: Processor> Reader<P> {
         self.release_offsets();
         self.commit(CommitMode::Sync);
         if matches!(self.spec().source, Source::Group { .. }) {
-            self.consumer.unsubscribe();
+            self.leave_group();
         }
         self.core.shared.health.finish();
         tracing::info!(reader = %self.spec().name, "reader stopped");
