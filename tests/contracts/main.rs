@@ -6,6 +6,7 @@
 
 mod asyncapi;
 mod compose;
+mod dependencies;
 mod openapi;
 mod operations;
 
