@@ -51,34 +51,19 @@ impl Outbox {
             .collect();
         let types: Vec<&str> = events.iter().map(ChatEvent::event_type).collect();
         let payloads: Vec<Vec<u8>> = events.iter().map(|e| self.codec.encode(e)).collect();
-        // WITH ORDINALITY keeps the order of the events in the WAL, and so on the topic.
-        sqlx::query(
-            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload)
-             SELECT i, $1, k, t, p
-               FROM unnest($2::uuid[], $3::text[], $4::text[], $5::bytea[]) WITH ORDINALITY AS e(i, k, t, p, n)
-              ORDER BY n",
-        )
-        .bind(AGGREGATE_TYPE)
-        .bind(&ids)
-        .bind(&keys)
-        .bind(&types)
-        .bind(&payloads)
-        .execute(&mut *conn)
-        .await?;
-        self.clear(conn, &ids).await?;
+        // One home for the outbox INSERT: chat_outbox_write (migrations/…000003), which
+        // keeps the events' order in the WAL and deletes the rows again when configured to.
+        sqlx::query("SELECT chat_outbox_write($1, $2, $3, $4, $5, $6)")
+            .bind(&ids)
+            .bind(AGGREGATE_TYPE)
+            .bind(&keys)
+            .bind(&types)
+            .bind(&payloads)
+            .bind(self.delete_after_write)
+            .execute(&mut *conn)
+            .await?;
         for t in types {
             metrics::counter!("outbox_events_written_total", "type" => t).increment(1);
-        }
-        Ok(())
-    }
-
-    /// Deletes rows this transaction wrote (when configured to).
-    pub async fn clear(&self, conn: &mut PgConnection, ids: &[Uuid]) -> Result<(), sqlx::Error> {
-        if self.delete_after_write {
-            sqlx::query("DELETE FROM outbox WHERE id = ANY($1)")
-                .bind(ids)
-                .execute(conn)
-                .await?;
         }
         Ok(())
     }

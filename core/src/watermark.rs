@@ -1,6 +1,8 @@
-//! The monotone watermark UPDATE (invariant 4), in one place for every writer of
-//! read state: ingest-api's direct mode (one receipt per request) and the receipts
-//! processor's flush (a whole debounce window at once).
+//! The monotone watermark moves (invariant 4). The read move lives once, in SQL
+//! (`chat_advance_reads`, sql/functions/), for every writer of read state: ingest-api's
+//! direct mode (one receipt per request, through `chat_mark_read`) and the receipts
+//! processor's flush (a whole debounce window at once, through [`advance`]). The delivery
+//! move has one writer, [`deliver`].
 //!
 //! A watermark moves only forwards and never past the conversation's `last_seq`; a row
 //! that would not move is not touched. The statement returns exactly the rows that
@@ -53,27 +55,10 @@ pub async fn advance(
     let conversations: Vec<i64> = marks.iter().map(|((c, _), _)| c.get()).collect();
     let users: Vec<i64> = marks.iter().map(|((_, u), _)| u.get()).collect();
     let seqs: Vec<i64> = marks.iter().map(|(_, s)| s.get()).collect();
-    // The conversations' delete locks, shared, before the UPDATE takes its snapshot: a
-    // delete in flight commits first, and the count below sees it (migration
-    // 20261201000007). Shared locks do not wait for each other.
-    sqlx::query("SELECT pg_advisory_xact_lock_shared(c) FROM unnest($1::bigint[]) AS c")
-        .bind(&conversations)
-        .execute(&mut *conn)
-        .await?;
+    // chat_advance_reads (migrations/…000003) is the one home of the move: it takes the
+    // conversations' delete locks (shared) first, then the guarded UPDATE.
     let mut moved: Vec<(i64, i64, i64)> = sqlx::query_as(
-        "UPDATE conversation_member m
-            SET last_read_seq = LEAST(b.seq, c.last_seq),
-                deleted_read = m.deleted_read + (
-                    SELECT count(*) FROM message d
-                     WHERE d.conversation_id = m.conversation_id AND d.deleted_at IS NOT NULL
-                       AND d.seq > m.last_read_seq AND d.seq <= LEAST(b.seq, c.last_seq)),
-                changed_xid = pg_current_xact_id()
-           FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS b(conversation_id, user_id, seq)
-           JOIN conversation c ON c.id = b.conversation_id
-          WHERE m.conversation_id = b.conversation_id
-            AND m.user_id = b.user_id
-            AND m.last_read_seq < LEAST(b.seq, c.last_seq)
-      RETURNING m.conversation_id, m.user_id, m.last_read_seq",
+        "SELECT conversation_id, user_id, last_read_seq FROM chat_advance_reads($1, $2, $3)",
     )
     .bind(&conversations)
     .bind(&users)

@@ -6,30 +6,17 @@ AS $function$
 DECLARE
     moved_to BIGINT;
 BEGIN
-    PERFORM pg_advisory_xact_lock_shared(p_conversation);
-    UPDATE conversation_member m
-       SET last_read_seq = LEAST(p_seq, c.last_seq),
-           deleted_read = m.deleted_read + (
-               SELECT count(*) FROM message d
-                WHERE d.conversation_id = p_conversation AND d.deleted_at IS NOT NULL
-                  AND d.seq > m.last_read_seq AND d.seq <= LEAST(p_seq, c.last_seq)),
-           changed_xid = pg_current_xact_id()
-      FROM conversation c
-     WHERE c.id = p_conversation
-       AND m.conversation_id = p_conversation AND m.user_id = p_user
-       AND m.last_read_seq < LEAST(p_seq, c.last_seq)
-    RETURNING m.last_read_seq INTO moved_to;
+    SELECT a.last_read_seq INTO moved_to
+      FROM chat_advance_reads(ARRAY[p_conversation], ARRAY[p_user], ARRAY[p_seq]) AS a;
     IF NOT FOUND THEN
         RETURN QUERY SELECT m.last_read_seq, FALSE FROM conversation_member m
                       WHERE m.conversation_id = p_conversation AND m.user_id = p_user;
         RETURN;
     END IF;
-    INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload)
-    VALUES (p_event_id, p_aggregatetype, p_conversation::TEXT, 'read.updated',
-            p_head || chat_avro_long(moved_to) || p_tail);
-    IF p_clear_outbox THEN
-        DELETE FROM outbox o WHERE o.id = p_event_id;
-    END IF;
+    PERFORM chat_outbox_write(
+        ARRAY[p_event_id], p_aggregatetype, ARRAY[p_conversation::TEXT],
+        ARRAY['read.updated'], ARRAY[p_head || chat_avro_long(moved_to) || p_tail],
+        p_clear_outbox);
     RETURN QUERY SELECT moved_to, TRUE;
 END
 $function$;

@@ -20,7 +20,9 @@ use serde_json::json;
 
 /// A line of the flush's batched UPDATE (`chatpipe_core::watermark::advance`), as
 /// `pg_stat_statements` shows it.
-const FLUSH_STATEMENT: &str = "SET last_read_seq = LEAST(b.seq, c.last_seq)";
+/// The receipts flush's call of the read watermark's move (`chatpipe_core::watermark::
+/// advance`), as pg_stat_statements records it (top-level statements only).
+const FLUSH_STATEMENT: &str = "FROM chat_advance_reads(";
 
 async fn watermark(app: &TestApp, conv: i64, user: i64) -> i64 {
     sqlx::query_scalar(

@@ -95,8 +95,10 @@ impl Args {
         } else {
             Storm {
                 route: "read",
+                // The flush's call of chat_advance_reads (chatpipe_core::watermark::
+                // advance), and direct mode's of chat_mark_read; both hold the UPDATE.
                 update: [
-                    "UPDATE conversation_member",
+                    "SELECT conversation_id, user_id, last_read_seq FROM chat_advance_reads",
                     "SELECT last_read_seq, advanced FROM chat_mark_read",
                 ],
                 topic: "chat.read-receipts",
