@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use chatpipe_tests::{metric_sum, spawn_app_with, TestApp};
+use chatpipe_tests::{counting_turn, metric_sum, spawn_app_with, TestApp};
 use ingest_api::configuration::ReadMode;
 use serde_json::json;
 use sqlx::{Acquire, PgConnection};
@@ -36,7 +36,7 @@ pub(crate) async fn until_a_send_waits(app: &TestApp) {
 }
 
 /// The sum of a counter's samples in the app's /metrics (shared by every app of this
-/// test process: callers compare before and after).
+/// test process: callers hold [`counting_turn`] and compare before and after).
 async fn counter(app: &TestApp, name: &str) -> f64 {
     metric_sum(&app.metrics().await, name, &[]).unwrap_or(0.0)
 }
@@ -67,6 +67,7 @@ async fn send_until_answered(
 
 #[tokio::test]
 async fn a_request_past_its_deadline_answers_503_and_its_retry_finds_the_one_message() {
+    let _turn = counting_turn().await;
     let app = spawn_app_with(|s| s.http.request_timeout_ms = 500).await;
     let conversation = app.user(10).create_group(&[20]).await;
     let timeouts = counter(&app, "http_request_timeouts_total").await;
@@ -88,7 +89,11 @@ async fn a_request_past_its_deadline_answers_503_and_its_retry_finds_the_one_mes
         "answered at the deadline, not when the lock went: {:?}",
         started.elapsed()
     );
-    assert!(counter(&app, "http_request_timeouts_total").await > timeouts);
+    assert_eq!(
+        counter(&app, "http_request_timeouts_total").await - timeouts,
+        1.0,
+        "one request timed out, one counted"
+    );
     release(held).await;
 
     // The send's batch is not the request's to cancel: it commits once the lock goes,
@@ -102,6 +107,7 @@ async fn a_request_past_its_deadline_answers_503_and_its_retry_finds_the_one_mes
 
 #[tokio::test]
 async fn a_request_that_gets_no_pool_connection_in_time_answers_503() {
+    let _turn = counting_turn().await;
     let app = spawn_app_with(|s| {
         s.database.max_connections = 1;
         s.database.min_connections = 1;
@@ -143,6 +149,7 @@ fn nowhere() -> String {
 
 #[tokio::test]
 async fn a_receipt_the_broker_does_not_take_in_time_answers_503_and_moves_nothing() {
+    let _turn = counting_turn().await;
     let app = spawn_app_with(|s| {
         s.reads.mode = ReadMode::Stream;
         s.kafka.brokers = nowhere();
@@ -170,6 +177,7 @@ async fn a_receipt_the_broker_does_not_take_in_time_answers_503_and_moves_nothin
 /// `kafka.produce_timeout_ms` for room (rdkafka's queue timeout), then answers 503.
 #[tokio::test]
 async fn receipts_beyond_the_producer_queue_answer_503_and_are_counted() {
+    let _turn = counting_turn().await;
     let app = spawn_app_with(|s| {
         s.reads.mode = ReadMode::Stream;
         s.kafka.brokers = nowhere();
@@ -227,6 +235,7 @@ pub(crate) async fn until_sends_wait(app: &TestApp, n: usize) {
 
 #[tokio::test]
 async fn a_send_beyond_its_conversations_queue_answers_503_and_its_retry_commits() {
+    let _turn = counting_turn().await;
     let app = spawn_app_with(|s| {
         s.sends.max_writers = 1;
         s.sends.max_queued = 2;
@@ -264,7 +273,11 @@ async fn a_send_beyond_its_conversations_queue_answers_503_and_its_retry_commits
     let msg = json!({"clientMsgId": uuid::Uuid::new_v4(), "body": "one too many"});
     let problem = app.user(10).post(&path, msg.clone()).await.problem(503);
     assert_eq!(problem["type"], "/problems/unavailable", "{problem}");
-    assert!(counter(&app, "send_queue_rejections_total").await > rejected);
+    assert_eq!(
+        counter(&app, "send_queue_rejections_total").await - rejected,
+        1.0,
+        "one send refused, one counted"
+    );
 
     release(held).await;
     for send in queued {

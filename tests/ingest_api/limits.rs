@@ -5,7 +5,9 @@
 
 use std::time::{Duration, Instant};
 
-use chatpipe_tests::{metric_sum, slow_header_sockets, spawn_app_with, until_closed, Resp};
+use chatpipe_tests::{
+    counting_turn, metric_sum, slow_header_sockets, spawn_app_with, until_closed, Resp,
+};
 use ingest_api::configuration::Bucket;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -30,6 +32,7 @@ fn refused(res: Resp) -> u64 {
 
 #[tokio::test]
 async fn creations_sends_and_member_changes_over_their_bucket_answer_429_with_retry_after() {
+    let _turn = counting_turn().await;
     let app = spawn_app_with(|s| {
         s.rate_limits.creates = Bucket {
             rate: 1,
@@ -48,6 +51,7 @@ async fn creations_sends_and_member_changes_over_their_bucket_answer_429_with_re
         };
     })
     .await;
+    let before = app.metrics().await;
     let alice = app.user(10);
 
     // Creations, /direct included, share one bucket of 3.
@@ -116,12 +120,9 @@ async fn creations_sends_and_member_changes_over_their_bucket_answer_429_with_re
 
     let metrics = app.metrics().await;
     for (kind, at_least) in [("create", 2.0), ("member_change", 1.0), ("send", 1.0)] {
-        let counted = metric_sum(
-            &metrics,
-            "rate_limited_total",
-            &[&format!("kind=\"{kind}\"")],
-        )
-        .unwrap_or(0.0);
+        let label = format!("kind=\"{kind}\"");
+        let count = |text: &str| metric_sum(text, "rate_limited_total", &[&label]).unwrap_or(0.0);
+        let counted = count(&metrics) - count(&before);
         assert!(counted >= at_least, "{kind}: {counted}");
     }
 }
@@ -138,6 +139,7 @@ fn unpooled() -> reqwest::Client {
 
 #[tokio::test]
 async fn sockets_that_never_finish_their_headers_or_sit_idle_are_closed_while_others_are_served() {
+    let _turn = counting_turn().await;
     let app = spawn_app_with(|s| s.http.header_read_timeout_ms = 1_000).await;
     let addr = app.base.trim_start_matches("http://").to_owned();
     let timeouts_before =
@@ -174,12 +176,15 @@ async fn sockets_that_never_finish_their_headers_or_sit_idle_are_closed_while_ot
 
 #[tokio::test]
 async fn a_connection_over_the_cap_is_answered_503_with_retry_after_and_closed() {
+    let _turn = counting_turn().await;
     let app = spawn_app_with(|s| {
         s.http.max_connections = 3;
         s.http.header_read_timeout_ms = 2_000;
     })
     .await;
     let addr = app.base.trim_start_matches("http://").to_owned();
+    let refusals_before =
+        metric_sum(&app.metrics().await, "http_connections_refused_total", &[]).unwrap_or(0.0);
     let holders = slow_header_sockets(&addr, 3).await;
     // The accept loop takes them in order: once they are in, the fourth is refused.
     let http = unpooled();
@@ -216,8 +221,10 @@ async fn a_connection_over_the_cap_is_answered_503_with_retry_after_and_closed()
     // When the slow sockets have been closed, there is room again.
     until_closed(holders, Duration::from_secs(10)).await;
     inbox_until(200).await;
-    let refusals = metric_sum(&app.metrics().await, "http_connections_refused_total", &[]);
-    assert!(refusals.unwrap_or(0.0) >= 1.0);
+    let refusals = metric_sum(&app.metrics().await, "http_connections_refused_total", &[])
+        .unwrap_or(0.0)
+        - refusals_before;
+    assert!(refusals >= 1.0, "{refusals}");
 }
 
 /// One client address holding `http.max_connections_per_ip` idle connections: its next
@@ -225,12 +232,19 @@ async fn a_connection_over_the_cap_is_answered_503_with_retry_after_and_closed()
 /// machine) is served.
 #[tokio::test]
 async fn a_client_over_its_share_of_connections_is_refused_and_another_is_served() {
+    let _turn = counting_turn().await;
     let app = spawn_app_with(|s| {
         s.http.max_connections_per_ip = 3;
         s.http.header_read_timeout_ms = 5_000;
     })
     .await;
     let addr = app.base.trim_start_matches("http://").to_owned();
+    let per_ip_before = metric_sum(
+        &app.metrics().await,
+        "http_connections_refused_total",
+        &["reason=\"per_ip\""],
+    )
+    .unwrap_or(0.0);
     let holders = slow_header_sockets(&addr, 3).await;
     let from = |ip: [u8; 4]| {
         reqwest::Client::builder()
@@ -266,7 +280,9 @@ async fn a_client_over_its_share_of_connections_is_refused_and_another_is_served
         &app.metrics().await,
         "http_connections_refused_total",
         &["reason=\"per_ip\""],
-    );
-    assert!(per_ip.unwrap_or(0.0) >= 1.0, "{per_ip:?}");
+    )
+    .unwrap_or(0.0)
+        - per_ip_before;
+    assert!(per_ip >= 1.0, "{per_ip}");
     drop(holders);
 }

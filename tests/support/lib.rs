@@ -47,6 +47,15 @@ pub const DEFAULT_REGISTRY_URL: &str = "http://127.0.0.1:8081/apis/ccompat/v7";
 pub const JWT_SECRET: &str = "test-secret-test-secret-test-secret!";
 const DB_PREFIX: &str = "cp_test_";
 
+/// Tests that assert how a counter moved take turns. Every in-process app of a test
+/// binary records into the one process-wide recorder, so a counter's delta is this test's
+/// app's only while no other test that provokes the same counters (timeouts, refusals,
+/// full queues, rate limits) runs beside it; those tests all hold this turn.
+pub async fn counting_turn() -> tokio::sync::MutexGuard<'static, ()> {
+    static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    TURN.lock().await
+}
+
 /// The sum of the samples of metric `name` in Prometheus text whose labels include every
 /// one of `labels` (`key="value"`); HELP and TYPE lines do not count. `None` when no
 /// sample of `name` is there.
