@@ -226,9 +226,8 @@ async fn deliveries_reader(
                         spec,
                         client,
                         deliveries::Pusher { lists },
-                        WriterSchemas::new(registry, handle.clone()),
+                        WriterSchemas::new(registry, handle),
                         health,
-                        handle,
                     )?;
                     check_partition(&reader, &d)?;
                     anyhow::Ok(reader)

@@ -95,7 +95,6 @@ impl ReaderThread {
             processor,
             WriterSchemas::new(self.registry.clone(), self.handle()),
             self.health.clone(),
-            self.handle(),
         )
     }
 

@@ -37,6 +37,11 @@ impl WriterSchemas {
         }
     }
 
+    /// The runtime lookups block on.
+    pub fn handle(&self) -> &Handle {
+        &self.handle
+    }
+
     /// The schema the framed `bytes` were written with. Not framed: poison. The registry
     /// not answering: retriable. An id the registry does not have: retriable for
     /// `registry.unknown_id_grace_ms` from when this reader first met it, poison after.

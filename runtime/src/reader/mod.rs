@@ -236,8 +236,9 @@ impl<P: Processor> Reader<P> {
         processor: P,
         schemas: WriterSchemas,
         health: Arc<ReaderHealth>,
-        handle: tokio::runtime::Handle,
     ) -> anyhow::Result<Self> {
+        // The runtime the schemas block on serves the dead-letter writes too.
+        let handle = schemas.handle().clone();
         let brokers = config
             .get("bootstrap.servers")
             .context("the reader's client config names no bootstrap.servers")?
