@@ -123,18 +123,10 @@ fn every_frame_the_gateway_makes_is_valid_against_its_asyncapi_payload() {
     }
     let file = std::env::temp_dir().join(format!("chatpipe-frames-{}.json", std::process::id()));
     std::fs::write(&file, serde_json::to_vec(&frames).unwrap()).unwrap();
-    let python = std::env::var("CHATPIPE_PYTHON").unwrap_or_else(|_| {
-        panic!("CHATPIPE_PYTHON is not set: run the suite with scripts/test, which installs jsonschema")
-    });
-    let out = crate::run_tool(
-        &python,
-        &[
-            "tests/contracts/frames.py",
-            "docs/asyncapi.yaml",
-            file.to_str().unwrap(),
-        ],
-        &repo_root(),
-        "pip install -r tests/contracts/requirements.txt (scripts/test does)",
-    );
+    let out = crate::run_python(&[
+        "tests/contracts/frames.py",
+        "docs/asyncapi.yaml",
+        file.to_str().unwrap(),
+    ]);
     assert_eq!(out.matches("ok ").count(), frames.len(), "{out}");
 }

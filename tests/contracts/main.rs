@@ -19,6 +19,21 @@ pub fn repo_root() -> PathBuf {
         .to_owned()
 }
 
+/// Runs `tests/contracts/requirements.txt`'s Python (`CHATPIPE_PYTHON`, the venv
+/// scripts/test makes) with `args` at the repository's root; fails with its output
+/// unless it succeeds.
+pub fn run_python(args: &[&str]) -> String {
+    let python = std::env::var("CHATPIPE_PYTHON").unwrap_or_else(|_| {
+        panic!("CHATPIPE_PYTHON is not set: run the suite with scripts/test, which installs tests/contracts/requirements.txt")
+    });
+    run_tool(
+        &python,
+        args,
+        &repo_root(),
+        "pip install -r tests/contracts/requirements.txt (scripts/test does)",
+    )
+}
+
 /// Runs `program args` in `dir`; fails with its output unless it succeeds.
 pub fn run_tool(program: &str, args: &[&str], dir: &std::path::Path, install: &str) -> String {
     let out = std::process::Command::new(program)

@@ -27,15 +27,7 @@ async fn the_document_is_valid_openapi_3_1() {
     assert_eq!(doc["openapi"], "3.1.0");
     let file = std::env::temp_dir().join(format!("chatpipe-openapi-{}.json", std::process::id()));
     std::fs::write(&file, serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
-    let python = std::env::var("CHATPIPE_PYTHON").unwrap_or_else(|_| {
-        panic!("CHATPIPE_PYTHON is not set: run the suite with scripts/test, which installs openapi-spec-validator")
-    });
-    let out = crate::run_tool(
-        &python,
-        &["-m", "openapi_spec_validator", file.to_str().unwrap()],
-        &repo_root(),
-        "pip install -r tests/contracts/requirements.txt (scripts/test does)",
-    );
+    let out = crate::run_python(&["-m", "openapi_spec_validator", file.to_str().unwrap()]);
     assert!(out.contains("OK"), "{out}");
 }
 
