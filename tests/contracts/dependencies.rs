@@ -16,7 +16,6 @@ fn the_built_tree_links_one_crypto_provider() {
             "tree",
             "--workspace",
             "--locked",
-            "--offline",
             "--edges",
             "normal,build",
             "--prefix",
