@@ -39,13 +39,21 @@ pub enum Pushed<Full, Light> {
     Light(Light),
 }
 
+/// Which message a full message event is about, and who sent it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct MessageNew {
+pub struct MessageRef {
     pub conversation_id: ConversationId,
     pub seq: Option<Seq>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sender_id: Option<UserId>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MessageNew {
+    #[serde(flatten)]
+    pub message: MessageRef,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub body: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -58,10 +66,8 @@ pub struct MessageNew {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MessageEdited {
-    pub conversation_id: ConversationId,
-    pub seq: Option<Seq>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub sender_id: Option<UserId>,
+    #[serde(flatten)]
+    pub message: MessageRef,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub body: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -71,10 +77,8 @@ pub struct MessageEdited {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MessageDeleted {
-    pub conversation_id: ConversationId,
-    pub seq: Option<Seq>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub sender_id: Option<UserId>,
+    #[serde(flatten)]
+    pub message: MessageRef,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub deleted_by: Option<UserId>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -139,29 +143,28 @@ impl Frame {
         let at = chrono::DateTime::from_timestamp_micros(d.occurred_at)
             .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true));
         let (conversation_id, seq) = (d.conversation_id, d.seq);
+        let message = MessageRef {
+            conversation_id,
+            seq,
+            sender_id: d.sender_id,
+        };
         Some(match d.event_type.as_str() {
             MESSAGE_NEW if d.light => Self::MessageNew(light_message(d)),
             MESSAGE_EDITED if d.light => Self::MessageEdited(light_message(d)),
             MESSAGE_DELETED if d.light => Self::MessageDeleted(light_message(d)),
             MESSAGE_NEW => Self::MessageNew(Pushed::Full(MessageNew {
-                conversation_id,
-                seq,
-                sender_id: d.sender_id,
+                message,
                 body: d.body.clone(),
                 created_at: at,
                 client_msg_id: d.client_msg_id,
             })),
             MESSAGE_EDITED => Self::MessageEdited(Pushed::Full(MessageEdited {
-                conversation_id,
-                seq,
-                sender_id: d.sender_id,
+                message,
                 body: d.body.clone(),
                 edited_at: at,
             })),
             MESSAGE_DELETED => Self::MessageDeleted(Pushed::Full(MessageDeleted {
-                conversation_id,
-                seq,
-                sender_id: d.sender_id,
+                message,
                 deleted_by: d.user_id,
                 deleted_at: at,
             })),
@@ -206,4 +209,45 @@ fn light_message<Full>(d: &Delivery) -> Pushed<Full, LightMessage> {
         seq: d.seq,
         light: true,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chatpipe_schemas::delivery::{MESSAGE_DELETED, MESSAGE_NEW};
+
+    fn list(event_type: &str, light: bool) -> Delivery {
+        Delivery {
+            gateway_id: "gw-0".into(),
+            user_ids: vec![UserId::of(7)],
+            light,
+            event_type: event_type.into(),
+            conversation_id: ConversationId::of(38),
+            seq: Some(Seq::of(4)),
+            sender_id: Some(UserId::of(95601)),
+            body: Some("See you!".into()),
+            user_id: Some(UserId::of(7)),
+            last_read_seq: None,
+            last_delivered_seq: None,
+            occurred_at: 1_796_000_000_000_000,
+            client_msg_id: None,
+        }
+    }
+
+    #[test]
+    fn message_frames_read_as_docs_protocol_shows_them() {
+        let text = |t, light| Frame::of(&list(t, light)).unwrap().text();
+        assert_eq!(
+            text(MESSAGE_NEW, false),
+            r#"{"type":"message.new","conversationId":38,"seq":4,"senderId":95601,"body":"See you!","createdAt":"2026-11-30T00:53:20.000000Z"}"#
+        );
+        assert_eq!(
+            text(MESSAGE_DELETED, false),
+            r#"{"type":"message.deleted","conversationId":38,"seq":4,"senderId":95601,"deletedBy":7,"deletedAt":"2026-11-30T00:53:20.000000Z"}"#
+        );
+        assert_eq!(
+            text(MESSAGE_NEW, true),
+            r#"{"type":"message.new","conversationId":38,"seq":4,"light":true}"#
+        );
+    }
 }
