@@ -7,7 +7,7 @@ use anyhow::Context;
 use chatpipe_core::kafka::CreateGuarded;
 use chatpipe_core::startup::wait_for;
 use chatpipe_runtime::{
-    CancellationToken, Reader, ReaderSpec, Readiness, Source, Supervisor, WriterSchemas,
+    CancellationToken, Reader, ReaderSpec, ReaderThread, Readiness, Source, Supervisor,
 };
 use chatpipe_schemas::registry::{incompatible, Registry};
 
@@ -40,11 +40,15 @@ pub async fn run(
     let readiness = Readiness::default();
     let (lists_tx, lists_rx) =
         tokio::sync::mpsc::channel(settings.deliveries.max_pending_lists.max(1));
-    let reader = deliveries_reader(&settings, &registry, &readiness, lists_tx).await?;
+    let (thread, reader) = deliveries_reader(&settings, &registry, &readiness, lists_tx).await?;
 
     let stop = stop_on(shutdown);
     let mut supervisor = Supervisor::new(stop.clone());
-    supervisor.spawn_thread("deliveries", move |stop| reader.run(&stop));
+    supervisor.spawn_thread("deliveries", move |stop| {
+        let ran = reader.run(&stop);
+        drop(thread); // its runtime ends after the reader
+        ran
+    });
     supervisor.spawn_async("push", {
         let sessions = sessions.clone();
         async move {
@@ -173,17 +177,18 @@ async fn client_signals(
     })
 }
 
-/// The reader of this gateway's chat.deliveries partition, feeding `lists`. It looks up
+/// The reader of this gateway's chat.deliveries partition, feeding `lists`, and the
+/// reader thread it runs on ([`ReaderThread`], as every processor's reader). It looks up
 /// where its partition ends, so the broker must answer (waited for up to
 /// `registry.startup_wait_ms`); a partition that does not exist is refused.
 async fn deliveries_reader(
     settings: &Settings,
     registry: &Registry,
     readiness: &Readiness,
-    lists_tx: tokio::sync::mpsc::Sender<chatpipe_schemas::delivery::Delivery>,
-) -> anyhow::Result<Reader<deliveries::Pusher>> {
+    lists: tokio::sync::mpsc::Sender<chatpipe_schemas::delivery::Delivery>,
+) -> anyhow::Result<(ReaderThread, Reader<deliveries::Pusher>)> {
     let patience = settings.registry.startup_wait();
-    let d = &settings.deliveries;
+    let d = settings.deliveries.clone();
     let spec = ReaderSpec {
         name: format!("deliveries-{}", d.partition),
         metric: "gateway_deliveries",
@@ -202,45 +207,35 @@ async fn deliveries_reader(
         "gateway_deliveries",
         settings.readers.stall_after(),
     );
-    wait_for(
-        "starting the deliveries reader",
-        patience,
-        || {
-            // librdkafka blocks while it asks: off the async workers.
-            let (spec, lists, registry, health, d) = (
-                spec.clone(),
-                lists_tx.clone(),
-                registry.clone(),
-                health.clone(),
-                d.clone(),
-            );
-            let client = settings
-                .kafka
-                .client()
-                .set("fetch.wait.max.ms", "50")
-                .clone();
-            let handle = tokio::runtime::Handle::current();
-            async move {
-                tokio::task::spawn_blocking(move || {
-                    let reader = Reader::new(
-                        spec,
-                        client,
-                        deliveries::Pusher { lists },
-                        WriterSchemas::new(registry, handle),
-                        health,
-                    )?;
-                    check_partition(&reader, &d)?;
-                    anyhow::Ok(reader)
-                })
-                .await
-                .map_err(|e| format!("{e}"))?
-                .map_err(|e| format!("{e:#}"))
-            }
-        },
-        |_| false,
-    )
-    .await
-    .map_err(anyhow::Error::msg)
+    let client = settings
+        .kafka
+        .client()
+        .set("fetch.wait.max.ms", "50")
+        .clone();
+    let thread = ReaderThread::new(client, registry.clone(), health, &settings.readers)?;
+    // librdkafka blocks while it asks, and the thread's runtime is dropped off the async
+    // workers if this fails: all of it on a blocking thread.
+    tokio::task::spawn_blocking(move || {
+        let started = thread.handle().block_on(wait_for(
+            "starting the deliveries reader",
+            patience,
+            || async {
+                let reader = thread
+                    .reader(
+                        spec.clone(),
+                        deliveries::Pusher {
+                            lists: lists.clone(),
+                        },
+                    )
+                    .and_then(|reader| check_partition(&reader, &d).map(|()| reader));
+                reader.map_err(|e| format!("{e:#}"))
+            },
+            |_| false,
+        ));
+        let reader = started.map_err(anyhow::Error::msg)?;
+        Ok((thread, reader))
+    })
+    .await?
 }
 
 /// The stop of every task and connection: cancelled by `shutdown` (SIGTERM), or by the
