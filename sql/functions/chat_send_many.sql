@@ -73,12 +73,14 @@ BEGIN
                   FROM fresh f GROUP BY f.conv, f.sender) AS t
          WHERE m.conversation_id = t.conv AND m.user_id = t.sender
     ),
+    -- The events, in (conversation, seq) order, written (and cleared) by the one outbox
+    -- write; one row, joined below so that it runs.
     events AS (
-        INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload)
-        SELECT f.event_id, p_aggregatetype, f.conv::TEXT, 'message.new',
-               f.head || chat_avro_long(f.seq) || f.tail
-          FROM fresh f
-         ORDER BY f.conv, f.seq
+        SELECT chat_outbox_write(array_agg(o.event_id), p_aggregatetype,
+                                 array_agg(o.conv::TEXT), array_agg('message.new'::TEXT),
+                                 array_agg(o.payload), p_clear_outbox) AS written
+          FROM (SELECT f.event_id, f.conv, f.head || chat_avro_long(f.seq) || f.tail AS payload
+                  FROM fresh f ORDER BY f.conv, f.seq) o
     )
     SELECT CASE WHEN NOT l.is_member THEN 'not_member'
                 WHEN l.blocked THEN 'blocked'
@@ -92,13 +94,10 @@ BEGIN
            CASE WHEN l.member THEN coalesce(f.seq, l.s_seq, e.seq) END,
            CASE WHEN l.member THEN coalesce(f.at, l.s_at, e.at) END
       FROM looked l
+     CROSS JOIN events
       LEFT JOIN fresh f ON f.i = l.i
       LEFT JOIN fresh e ON f.i IS NULL AND l.s_seq IS NULL
                        AND e.conv = l.conv AND e.client_id = l.client_id
      ORDER BY l.i;
-
-    IF p_clear_outbox THEN
-        DELETE FROM outbox o WHERE o.id = ANY (p_event_ids);
-    END IF;
 END
 $function$;
