@@ -1,6 +1,7 @@
 //! What every handler can reach, built once by `startup` and cloned into each request.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use chatpipe_core::auth::TokenKeys;
 use chatpipe_core::telemetry::PrometheusHandle;
@@ -33,7 +34,31 @@ pub struct AppState {
     /// How much one `GET /sync` answer holds.
     pub sync_bounds: SyncBounds,
     /// The public `/readyz`'s last answer.
-    pub ready: Arc<crate::routes::health::ReadyCache>,
+    pub ready: Arc<ReadyCache>,
     /// `Some` in demo mode (`demo.enabled`): the `/app` client and `/demo/token`.
     pub demo: Option<Arc<DemoSettings>>,
+}
+
+/// The public `/readyz`'s last answer, kept for [`ReadyCache::TTL`]: a caller without a
+/// token makes at most one database round trip a second, however often it asks. Callers
+/// that find it stale wait for one probe together.
+#[derive(Default)]
+pub struct ReadyCache(tokio::sync::Mutex<Option<(Instant, bool)>>);
+
+impl ReadyCache {
+    pub const TTL: Duration = Duration::from_secs(1);
+
+    /// The last answer while it is fresh, else `probe`'s.
+    pub async fn get(&self, probe: impl std::future::Future<Output = bool>) -> bool {
+        let mut last = self.0.lock().await;
+        if let Some((at, ready)) = *last {
+            if at.elapsed() < Self::TTL {
+                return ready;
+            }
+        }
+        let ready = probe.await;
+        metrics::counter!("readyz_probes_total").increment(1);
+        *last = Some((Instant::now(), ready));
+        ready
+    }
 }

@@ -1,4 +1,4 @@
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -21,7 +21,7 @@ pub async fn healthz() -> impl IntoResponse {
 }
 
 /// `GET /readyz` on the public listener: the database answered within a second, at most a
-/// second ago ([`ReadyCache`]). Why it does not is for operators (the admin listener's
+/// second ago ([`crate::state::ReadyCache`]). Why it does not is for operators (the admin listener's
 /// `/readyz`), not for the internet.
 #[utoipa::path(
     get,
@@ -35,33 +35,10 @@ pub async fn healthz() -> impl IntoResponse {
     )
 )]
 pub async fn readyz(State(state): State<AppState>) -> axum::response::Response {
-    if state.ready.get(&state).await {
+    if state.ready.get(async { probe(&state).await.is_ok() }).await {
         ready()
     } else {
         not_ready("the database is not answering".into())
-    }
-}
-
-/// The public `/readyz`'s last answer, kept for [`ReadyCache::TTL`]: a caller without a
-/// token makes at most one database round trip a second, however often it asks. Callers
-/// that find it stale wait for one probe together.
-#[derive(Default)]
-pub struct ReadyCache(tokio::sync::Mutex<Option<(Instant, bool)>>);
-
-impl ReadyCache {
-    pub const TTL: Duration = Duration::from_secs(1);
-
-    async fn get(&self, state: &AppState) -> bool {
-        let mut last = self.0.lock().await;
-        if let Some((at, ready)) = *last {
-            if at.elapsed() < Self::TTL {
-                return ready;
-            }
-        }
-        let ready = probe(state).await.is_ok();
-        metrics::counter!("readyz_probes_total").increment(1);
-        *last = Some((Instant::now(), ready));
-        ready
     }
 }
 
