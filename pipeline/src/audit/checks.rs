@@ -22,9 +22,9 @@ use std::time::Duration;
 use chatpipe_core::db;
 use chatpipe_core::kafka::{BaseConsumer, CreateGuarded};
 use chatpipe_schemas::{ConversationId, Seq};
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use rdkafka::consumer::Consumer;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use sqlx::PgPool;
 use tokio::time::Instant;
 
@@ -32,85 +32,11 @@ use super::cluster::{Replication, TaskMoves};
 use super::judge::{evaluate, record, Memory, Readings};
 use super::keeper::{Action, Keeper, KeeperReport};
 use super::outbox::Backlog;
-use super::topology::{Topology, TopologyReport};
+use super::readings::{Cdc, Connector, Probe, Slot};
+use super::topology::Topology;
 use super::Audit;
 use crate::settings::{AuditSettings, Settings};
 use chatpipe_runtime::ReaderHealth;
-
-/// The latest results, for `/report`.
-#[derive(Debug, Clone, Default, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Latest {
-    pub checked_at: Option<DateTime<Utc>>,
-    pub cdc: Cdc,
-    /// `None`: PostgreSQL did not answer (see `postgres_unreachable`).
-    pub slot: Option<Slot>,
-    pub connector: Option<Connector>,
-    pub probes: Vec<Probe>,
-    /// End offset (records ever written) of each dead-letter topic.
-    pub dead_letters: BTreeMap<String, i64>,
-    /// The watched topics' partitions; `None`: the cluster did not answer.
-    pub replication: Option<Replication>,
-    /// What is left in the outbox (`outbox.retain_until_confirmed`).
-    pub outbox: Option<Backlog>,
-    /// The primary and its standbys (`audit.postgres_nodes`).
-    pub topology: Option<TopologyReport>,
-}
-
-#[derive(Debug, Clone, Default, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Cdc {
-    /// The auditor has read `chat.events` to its end (its own lag is 0).
-    pub caught_up: bool,
-    pub auditor_lag: i64,
-    /// Conversations compared with PostgreSQL in the last check.
-    pub sampled: usize,
-    /// Commits seen in PostgreSQL and not yet on `chat.events`.
-    pub unstreamed: usize,
-    pub oldest_unstreamed_ms: u64,
-    pub newest_conversation_in_postgres: Option<i64>,
-    pub newest_conversation_streamed: Option<ConversationId>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Slot {
-    pub name: String,
-    /// `false` also when the slot does not exist.
-    pub exists: bool,
-    pub active: bool,
-    pub retained_wal_bytes: i64,
-}
-
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Connector {
-    pub name: String,
-    /// The connector and every task RUNNING.
-    pub running: bool,
-    /// The connector's state and each task's, or why Connect did not say.
-    pub state: String,
-    pub tasks: Vec<String>,
-    /// The connector or a task is FAILED: what the keeper restarts.
-    pub failed: bool,
-    /// The first line of a FAILED one's error (Connect's `trace`).
-    pub error: Option<String>,
-    pub keeper: KeeperReport,
-    /// The worker running the first task (`host:port`), when it runs.
-    pub worker: Option<String>,
-    /// How often the task changed workers within `audit.task_moves_window_ms`.
-    pub task_moves: usize,
-}
-
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Probe {
-    pub url: String,
-    pub ok: bool,
-    /// The HTTP status, or the error.
-    pub answer: String,
-    pub failing_ms: u64,
-}
 
 /// The Connect REST answer of `GET /connectors/{name}/status`, the parts we read.
 #[derive(Deserialize)]

@@ -11,9 +11,9 @@ use tokio::time::Instant;
 
 use super::alarm;
 use super::alarms::Alarms;
-use super::checks::{Cdc, Connector, Latest, Probe, Slot};
 use super::cluster::Replication;
 use super::outbox::Backlog;
+use super::readings::{Cdc, Connector, Latest, Probe, Slot};
 use super::topology::{Topology, TopologyReport};
 use crate::settings::AuditSettings;
 

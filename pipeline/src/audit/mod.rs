@@ -22,6 +22,7 @@ pub mod judge;
 pub mod keeper;
 pub mod ledger;
 pub mod outbox;
+pub mod readings;
 pub mod report;
 pub mod topology;
 
@@ -91,7 +92,7 @@ pub struct State {
     pub recent_gaps: VecDeque<Gap>,
     pub recent_regressions: VecDeque<Regression>,
     pub alarms: Alarms,
-    pub checks: checks::Latest,
+    pub checks: readings::Latest,
     recent: usize,
     event_alarm: Duration,
 }
@@ -109,7 +110,7 @@ impl Audit {
             recent_gaps: VecDeque::new(),
             recent_regressions: VecDeque::new(),
             alarms: Alarms::default(),
-            checks: checks::Latest::default(),
+            checks: readings::Latest::default(),
             recent: cfg.recent,
             event_alarm: Duration::from_millis(cfg.event_alarm_ms),
         })))

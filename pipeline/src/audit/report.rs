@@ -5,8 +5,8 @@ use axum::{Json, Router};
 use serde::Serialize;
 
 use super::alarms::Alarm;
-use super::checks::Latest;
 use super::ledger::{Gap, Regression};
+use super::readings::Latest;
 use super::{Audit, Counts, State};
 
 #[derive(Debug, Clone, Serialize)]

@@ -332,7 +332,7 @@ fn nodes_with(report: &TopologyReport, role: &str) -> String {
 }
 
 /// What a node says, and a standby's copy of the slot (a primary's own slot is the
-/// checker's business: `checks::Slot`).
+/// checker's business: `readings::Slot`).
 async fn ask(pool: &PgPool, slot: &str) -> Result<(Answer, Option<SlotCopy>), sqlx::Error> {
     let answer: Answer = sqlx::query_as(NODE_QUERY).fetch_one(pool).await?;
     if !answer.0 {
