@@ -84,6 +84,21 @@ async fn not_ready(admin: &str) -> Option<String> {
     }
 }
 
+/// The seqs of `conversation` pushed in `frames`.
+fn pushed_seqs(frames: &[Value], conversation: i64) -> impl Iterator<Item = i64> + '_ {
+    frames
+        .iter()
+        .filter(move |f| f["type"] == "message.new" && f["conversationId"] == conversation)
+        .filter_map(|f| f["seq"].as_i64())
+}
+
+/// The last seq of `conversation` a client holds with none missing before it, from the
+/// frames it received: where its catch-up starts.
+fn held_without_gap(frames: &[Value], conversation: i64) -> i64 {
+    let held: std::collections::BTreeSet<i64> = pushed_seqs(frames, conversation).collect();
+    (1..).take_while(|s| held.contains(s)).last().unwrap_or(0)
+}
+
 fn is_message(conversation: i64, seq: i64) -> impl Fn(&Value) -> bool {
     move |f| f["type"] == "message.new" && f["conversationId"] == conversation && f["seq"] == seq
 }
@@ -191,16 +206,17 @@ async fn broker_fault(fault: Fault) {
     let recovery = RECOVERY;
     // What is left of the recovery time.
     let left = || recovery.saturating_sub(returned.elapsed());
-    let mut after;
-    loop {
-        after = p.app.user(alice).send_message(conversation, "after").await;
+    let mut afters = Vec::new();
+    let after = loop {
+        let after = p.app.user(alice).send_message(conversation, "after").await;
+        afters.push(after);
         let wait = Duration::from_secs(2);
         if bob_ws
             .try_until(wait, is_message(conversation, after))
             .await
             .is_some()
         {
-            break;
+            break after;
         }
         if returned.elapsed() >= recovery {
             // Say which part of the push path did not come back.
@@ -223,7 +239,7 @@ async fn broker_fault(fault: Fault) {
                 chatpipe_tests::stream::connector_status(&p.connector).await,
             );
         }
-    }
+    };
     let push_back = returned.elapsed();
     // The messages sent during the outage reach chat.events after it, older than
     // fanout.max_age_ms or while bob's lease had expired in fanout: not pushed. Bob's
@@ -243,27 +259,56 @@ async fn broker_fault(fault: Fault) {
         fixed.contains(&resync["reason"].as_str().unwrap_or_default()),
         "{resync}"
     );
+    // Bob's client catches up from what it holds, as docs/protocol.md says: the seqs
+    // pushed to it before the resync frame, without a gap. From then on pushes alone
+    // must carry every message: a lost one fails here, as nothing would tell the client.
+    let resync_at = bob_ws
+        .seen
+        .iter()
+        .position(|f| f["type"] == gateway::resync::RESYNC)
+        .expect("the resync frame is among the frames seen");
+    let known = held_without_gap(&bob_ws.seen[..resync_at], conversation);
     let caught_up = p
         .app
         .user(bob)
         .get(&format!(
-            "/conversations/{conversation}/messages?afterSeq={first}"
+            "/conversations/{conversation}/messages?afterSeq={known}"
         ))
         .await;
-    let seqs: Vec<i64> = caught_up.body["messages"]
+    let mut view: std::collections::BTreeSet<i64> = caught_up.body["messages"]
         .as_array()
         .map(|a| a.iter().filter_map(|m| m["seq"].as_i64()).collect())
         .unwrap_or_default();
+    let mut tail = Vec::new();
+    for i in 0..3 {
+        let seq = p
+            .app
+            .user(alice)
+            .send_message(conversation, &format!("tail {i}"))
+            .await;
+        tail.push(seq);
+        if bob_ws
+            .try_until(left(), is_message(conversation, seq))
+            .await
+            .is_none()
+        {
+            panic!("seq {seq}, sent after bob's catch-up, was never pushed to him: lost");
+        }
+    }
+    view.extend(pushed_seqs(&bob_ws.seen, conversation));
+    let sent: Vec<i64> = std::iter::once(first)
+        .chain(during.iter().copied())
+        .chain(afters.iter().copied())
+        .chain(tail.iter().copied())
+        .collect();
+    let missing: Vec<i64> = sent.iter().copied().filter(|s| !view.contains(s)).collect();
     assert!(
-        during.iter().all(|s| seqs.contains(s)),
-        "bob's catch-up after the resync has every message sent during the outage: {during:?} in {seqs:?}"
+        missing.is_empty(),
+        "bob's client lacks {missing:?}: pushed, or caught up from seq {known} after the resync, \
+         it should hold every message sent ({sent:?}); it holds {view:?}"
     );
     // CDC: every message, the ones sent during the stall included, is on chat.events.
-    let expected: Vec<(i64, i64)> = std::iter::once(first)
-        .chain(during.iter().copied())
-        .chain([after])
-        .map(|s| (conversation, s))
-        .collect();
+    let expected: Vec<(i64, i64)> = sent.iter().map(|&s| (conversation, s)).collect();
     p.consume_until(left(), |rs| {
         let seen = messages(rs);
         expected.iter().all(|m| seen.contains(m))
