@@ -1,7 +1,7 @@
 //! The fanout processor proper: each chat.events record joined with the conversation's
 //! members and the presence table, produced as one fanout list per gateway.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,58 +15,59 @@ use sqlx::PgPool;
 use tokio::runtime::Handle;
 
 use super::changelog::Changelog;
-use super::commits::{ChangelogWrite, ChangelogWrites, DeliveryReport, PendingOffsets, Unacked};
-use super::members::{Change, Conversation, Members};
-use super::plan::{self, Coalescer, Routed};
+use super::commits::{ChangelogWrite, ChangelogWrites, DeliveryReport, Unacked};
+use super::members::{Change, Conversation};
+use super::plan::{self, Routed};
+use super::state::State;
 use super::{key_conversation, now_ms, Status, Versioned};
 use crate::settings::FanoutSettings;
 use chatpipe_runtime::{Failure, Position, Processor, WriterSchemas};
 
+/// The fanout processor: its [`Outputs`] (every effect) and its [`State`] (what it
+/// keeps between records, no I/O).
 pub struct Fanout {
+    out: Outputs,
+    cfg: FanoutSettings,
+    state: State,
+}
+
+/// Where fanout's effects go: the database it loads members from, the producer of its
+/// lists and changelog entries, the registry it restores with, and what it reports.
+pub struct Outputs {
     pub handle: Handle,
     /// For restores (the reader decodes the live records with its own).
     pub schemas: WriterSchemas,
     pub pool: PgPool,
     pub codec: DeliveryCodec,
     pub producer: ThreadedProducer<DeliveryReport>,
+    /// Lists and changelog entries produced and not yet acknowledged (shared with the
+    /// delivery reports).
     pub unacked: Arc<Unacked>,
     pub status: Arc<Status>,
-    pub cfg: FanoutSettings,
     pub kafka: chatpipe_core::config::KafkaSettings,
-    pub members: Members,
     pub changelog: Changelog,
-    /// Partitions whose changelog has been read since they were assigned.
-    pub restored: HashSet<i32>,
-    /// Conversations whose changelog entry changed since the last write, and their
-    /// partition: written once per tick, whatever the changes (a group of 1,000 made in
-    /// one call is one entry, not 1,000 growing ones). Written before any offset
-    /// snapshot, so no offset is committed ahead of its entry.
-    pub dirty: HashMap<ConversationId, i32>,
     /// Changelog writes in flight and refused (shared with the delivery reports).
     pub changelog_writes: Arc<ChangelogWrites>,
-    /// Numbers of refused writes that the next write of a conversation stands for.
-    pub covers: HashMap<ConversationId, Vec<u64>>,
-    pub coalescer: Coalescer,
-    /// Number of the next list produced.
-    pub sent: u64,
-    pub offsets: PendingOffsets,
-    /// Offsets released during a revoke, handed to the reader with the next
-    /// `committable`.
-    pub released: HashMap<i32, i64>,
-    pub next_tick: Instant,
+}
+
+impl Fanout {
+    pub fn new(out: Outputs, cfg: FanoutSettings) -> Self {
+        let state = State::new(&cfg);
+        Self { out, cfg, state }
+    }
 }
 
 impl Processor for Fanout {
     type Record = Versioned;
 
     fn apply(&mut self, at: Position, record: Versioned) -> Result<(), Failure> {
-        if !self.restored.contains(&at.partition) {
+        if !self.state.restored.contains(&at.partition) {
             self.restore(at.partition)?;
         }
         self.check_version(at, &record)?;
         self.fan_out(at, &record.event, record.membership_version)?;
-        self.offsets.read(at.partition, at.offset);
-        self.status.events.fetch_add(1, Ordering::Relaxed);
+        self.state.offsets.read(at.partition, at.offset);
+        self.out.status.events.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
@@ -74,23 +75,23 @@ impl Processor for Fanout {
     /// forgotten (here and in the changelog) and loaded from PostgreSQL when next needed.
     fn skip(&mut self, at: Position, key: Option<&[u8]>) {
         if let Some(conversation) = key_conversation(key) {
-            self.members.forget(conversation);
-            self.mark_dirty(at.partition, conversation);
+            self.state.members.forget(conversation);
+            self.state.mark_dirty(at.partition, conversation);
         }
-        self.offsets.read(at.partition, at.offset);
+        self.state.offsets.read(at.partition, at.offset);
     }
 
     fn tick(&mut self) -> Result<(), Failure> {
-        if Instant::now() < self.next_tick {
+        if Instant::now() < self.state.next_tick {
             return Ok(());
         }
-        self.next_tick = Instant::now() + Duration::from_millis(self.cfg.tick_ms);
+        self.state.next_tick = Instant::now() + Duration::from_millis(self.cfg.tick_ms);
         self.write_dirty()?;
         let now = now_ms();
         let routed = {
-            let online = self.status.online.lock().expect("presence lock");
-            let members = &self.members;
-            self.coalescer.drain(|c| members.of(c), &online, now)
+            let online = self.out.status.online.lock().expect("presence lock");
+            let members = &self.state.members;
+            self.state.coalescer.drain(|c| members.of(c), &online, now)
         };
         for r in routed {
             if let Err(err) = self.send(r) {
@@ -98,25 +99,23 @@ impl Processor for Fanout {
             }
         }
         let (online, gone) = {
-            let mut table = self.status.online.lock().expect("presence lock");
+            let mut table = self.out.status.online.lock().expect("presence lock");
             let gone = table.forget(now - self.cfg.presence_forget_ms as i64);
             (table.online_users(now), gone)
         };
         metrics::gauge!("fanout_presence_online").set(online as f64);
         self.tombstone(&gone);
-        self.offsets.snapshot(self.sent);
+        self.state.offsets.snapshot(self.state.sent);
         Ok(())
     }
 
     fn committable(&mut self) -> Vec<(i32, i64)> {
-        let (oldest, waiting) = self.unacked.oldest();
+        let (oldest, waiting) = self.out.unacked.oldest();
         metrics::gauge!("fanout_unacked_lists").set(waiting as f64);
-        let mut ready = std::mem::take(&mut self.released);
-        for (p, o) in self.offsets.releasable(oldest) {
-            let e = ready.entry(p).or_insert(o);
-            *e = (*e).max(o);
-        }
-        ready.into_iter().collect()
+        self.state.release(oldest);
+        std::mem::take(&mut self.state.released)
+            .into_iter()
+            .collect()
     }
 
     /// The lists already produced are acknowledged first, so the revoked partitions'
@@ -131,11 +130,7 @@ impl Processor for Fanout {
                 ?partitions,
                 "changelog entries not written ({err:?}): offsets kept back"
             );
-            self.members.drop_partitions(partitions);
-            for p in partitions {
-                self.restored.remove(p);
-            }
-            self.offsets.forget(partitions);
+            self.state.forget(partitions);
             return;
         }
         if let Err(err) = self.acknowledge_produced() {
@@ -144,16 +139,9 @@ impl Processor for Fanout {
                 "{err:#}: the next owner pushes their last records again"
             );
         }
-        let (oldest, _) = self.unacked.oldest();
-        for (p, o) in self.offsets.releasable(oldest) {
-            let e = self.released.entry(p).or_insert(o);
-            *e = (*e).max(o);
-        }
-        self.members.drop_partitions(partitions);
-        for p in partitions {
-            self.restored.remove(p);
-        }
-        self.offsets.forget(partitions);
+        let (oldest, _) = self.out.unacked.oldest();
+        self.state.release(oldest);
+        self.state.forget(partitions);
     }
 
     /// What was fanned out is acknowledged before the final commit.
@@ -170,8 +158,9 @@ impl Fanout {
     /// Closes the offsets read so far into a snapshot and waits (up to [`FLUSH_WAIT`])
     /// until every list produced is acknowledged, which releases the snapshot.
     fn acknowledge_produced(&mut self) -> anyhow::Result<()> {
-        self.offsets.snapshot(self.sent);
-        self.producer
+        self.state.offsets.snapshot(self.state.sent);
+        self.out
+            .producer
             .flush(FLUSH_WAIT)
             .context("flushing fanout lists")
     }
@@ -180,57 +169,52 @@ impl Fanout {
     fn restore(&mut self, partition: i32) -> Result<(), Failure> {
         let started = Instant::now();
         // A failed attempt may have loaded part of it: start clean.
-        self.members.drop_partitions(&[partition]);
-        let read = self.changelog.restore(
-            &self.kafka,
+        self.state.members.drop_partitions(&[partition]);
+        let read = self.out.changelog.restore(
+            &self.out.kafka,
             &self.cfg.group,
             partition,
-            &mut self.schemas,
-            &mut self.members,
+            &mut self.out.schemas,
+            &mut self.state.members,
         )?;
-        self.restored.insert(partition);
+        self.state.restored.insert(partition);
         metrics::counter!("fanout_restored_records_total").increment(read);
-        self.status
+        self.out
+            .status
             .restored_records
             .fetch_add(read, Ordering::Relaxed);
-        metrics::gauge!("fanout_conversations").set(self.members.len() as f64);
+        metrics::gauge!("fanout_conversations").set(self.state.members.len() as f64);
         tracing::info!(
             partition,
             read,
-            conversations = self.members.len(),
+            conversations = self.state.members.len(),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "membership restored from the changelog"
         );
         Ok(())
     }
 
-    /// Remembers that `conversation`'s changelog entry must be written this tick.
-    fn mark_dirty(&mut self, partition: i32, conversation: ConversationId) {
-        if self.dirty.insert(conversation, partition).is_some() {
-            metrics::counter!("fanout_changelog_coalesced_total").increment(1);
-        }
-    }
-
     /// Writes every entry changed since the last call, once each. On a failure the
     /// entries not written stay marked.
     fn write_dirty(&mut self) -> Result<(), Failure> {
-        for w in self.changelog_writes.take_refused() {
-            if !self.restored.contains(&w.partition) {
+        for w in self.out.changelog_writes.take_refused() {
+            if !self.state.restored.contains(&w.partition) {
                 // Given away since: the next owner writes its entries. Its offsets were
                 // held back by these numbers and are forgotten; release the numbers.
-                w.covers.iter().for_each(|&n| self.unacked.done(n));
+                w.covers.iter().for_each(|&n| self.out.unacked.done(n));
                 continue;
             }
-            self.covers
+            self.state
+                .covers
                 .entry(w.conversation)
                 .or_default()
                 .extend(w.covers);
-            self.dirty.insert(w.conversation, w.partition);
+            self.state.dirty.insert(w.conversation, w.partition);
         }
-        let dirty: Vec<(ConversationId, i32)> = self.dirty.drain().collect();
+        let dirty: Vec<(ConversationId, i32)> = self.state.dirty.drain().collect();
         for (i, &(conversation, partition)) in dirty.iter().enumerate() {
             if let Err(err) = self.write_changelog(partition, conversation) {
-                self.dirty.extend(dirty[i..].iter().copied());
+                self.state.dirty.extend(dirty[i..].iter().copied());
                 return Err(err);
             }
         }
@@ -244,13 +228,12 @@ impl Fanout {
         partition: i32,
         conversation: ConversationId,
     ) -> Result<(), Failure> {
-        let value = self.changelog.value(&self.members, conversation);
+        let value = self.out.changelog.value(&self.state.members, conversation);
         let key = conversation.to_string();
-        let n = self.sent;
-        self.sent += 1;
-        self.unacked.add(n);
-        let covers = self.covers.remove(&conversation).unwrap_or_default();
-        self.changelog_writes.sent(
+        let n = self.state.number();
+        self.out.unacked.add(n);
+        let covers = self.state.covers.remove(&conversation).unwrap_or_default();
+        self.out.changelog_writes.sent(
             n,
             ChangelogWrite {
                 conversation,
@@ -258,15 +241,16 @@ impl Fanout {
                 covers,
             },
         );
-        let mut record = BaseRecord::with_opaque_to(&self.changelog.topic, n as usize)
+        let mut record = BaseRecord::with_opaque_to(&self.out.changelog.topic, n as usize)
             .partition(partition)
             .key(&key);
         if let Some(value) = &value {
             record = record.payload(value);
         }
         if let Err(err) = self.produce(record, n) {
-            if let Some(w) = self.changelog_writes.unsent(n) {
-                self.covers
+            if let Some(w) = self.out.changelog_writes.unsent(n) {
+                self.state
+                    .covers
                     .entry(conversation)
                     .or_default()
                     .extend(w.covers);
@@ -285,10 +269,18 @@ impl Fanout {
         let Some(version) = record.membership_version else {
             return Ok(());
         };
-        if !self.members.behind(conversation, version, &record.event) {
+        if !self
+            .state
+            .members
+            .behind(conversation, version, &record.event)
+        {
             return Ok(());
         }
-        let had = self.members.entry(conversation).and_then(|e| e.version);
+        let had = self
+            .state
+            .members
+            .entry(conversation)
+            .and_then(|e| e.version);
         tracing::warn!(
             %conversation,
             cached_version = ?had,
@@ -298,7 +290,7 @@ impl Fanout {
         );
         metrics::counter!("fanout_membership_version_reloads_total").increment(1);
         self.load_members(conversation, at)?;
-        self.mark_dirty(at.partition, conversation);
+        self.state.mark_dirty(at.partition, conversation);
         Ok(())
     }
 
@@ -317,8 +309,12 @@ impl Fanout {
             | ChatEvent::MemberJoined(_)
             | ChatEvent::MemberLeft(_)
             | ChatEvent::MemberRoleChanged(_) => {
-                match self.members.apply(at.partition, at.offset, event, version) {
-                    Change::Wrote(c) | Change::Unknown(c) => self.mark_dirty(at.partition, c),
+                match self
+                    .state
+                    .members
+                    .apply(at.partition, at.offset, event, version)
+                {
+                    Change::Wrote(c) | Change::Unknown(c) => self.state.mark_dirty(at.partition, c),
                     Change::None => {}
                 }
                 return Ok(());
@@ -328,8 +324,8 @@ impl Fanout {
             | ChatEvent::MessageEdited(_)
             | ChatEvent::MessageDeleted(_)
             | ChatEvent::DeliveryUpdated(_) => {
-                if self.members.knows(conversation) {
-                    self.members.touch(conversation);
+                if self.state.members.knows(conversation) {
+                    self.state.members.touch(conversation);
                 } else {
                     self.load_members(conversation, at)?;
                 }
@@ -350,36 +346,21 @@ impl Fanout {
             metrics::counter!("fanout_stale_skipped_total").increment(1);
             return Ok(());
         }
-        let Some(members) = self.members.of(conversation) else {
+        let Some(members) = self.state.members.of(conversation) else {
             return Ok(());
         };
         let now = now_ms();
         let routed = {
-            let online = self.status.online.lock().expect("presence lock");
-            match event {
-                ChatEvent::MessageNew(e) => {
-                    plan::message_new(e, members, &online, now, self.cfg.light_threshold)
-                }
-                ChatEvent::ReadUpdated(e) if members.len() > self.cfg.light_threshold => {
-                    self.coalescer.add_read(e);
-                    plan::read_updated_to_reader(e, &online, now)
-                }
-                // Ticks for senders: coalesced in large groups, as reads are; the
-                // member's own devices need no word of what they received.
-                ChatEvent::DeliveryUpdated(e) if members.len() > self.cfg.light_threshold => {
-                    self.coalescer.add_delivery(e);
-                    Vec::new()
-                }
-                ChatEvent::DeliveryUpdated(e) => plan::delivery_updated(e, members, &online, now),
-                ChatEvent::ReadUpdated(e) => plan::read_updated(e, members, &online, now),
-                ChatEvent::MessageEdited(e) => {
-                    plan::message_edited(e, members, &online, now, self.cfg.light_threshold)
-                }
-                ChatEvent::MessageDeleted(e) => {
-                    plan::message_deleted(e, members, &online, now, self.cfg.light_threshold)
-                }
-                _ => Vec::new(),
-            }
+            let online = self.out.status.online.lock().expect("presence lock");
+            let light = self.cfg.light_threshold;
+            plan::event(
+                event,
+                members,
+                &online,
+                now,
+                light,
+                &mut self.state.coalescer,
+            )
         };
         for r in routed {
             self.send(r)?;
@@ -393,6 +374,7 @@ impl Fanout {
     fn load_members(&mut self, conversation: ConversationId, at: Position) -> Result<(), Failure> {
         // One statement, one snapshot: the members and the version they are at.
         let rows: Vec<(i64, Option<i64>, Option<bool>)> = self
+            .out
             .handle
             .block_on(
                 sqlx::query_as(
@@ -402,12 +384,15 @@ impl Fanout {
                       WHERE c.id = $1",
                 )
                 .bind(conversation.get())
-                .fetch_all(&self.pool),
+                .fetch_all(&self.out.pool),
             )
             .with_context(|| format!("loading the members of conversation {conversation}"))
             .map_err(Failure::Retriable)?;
         metrics::counter!("fanout_membership_loads_total").increment(1);
-        self.status.membership_loads.fetch_add(1, Ordering::Relaxed);
+        self.out
+            .status
+            .membership_loads
+            .fetch_add(1, Ordering::Relaxed);
         let id = |u: i64| {
             chatpipe_core::db::id(u).map_err(|e| Failure::retriable(anyhow::Error::from(e)))
         };
@@ -421,7 +406,7 @@ impl Fanout {
                 admins.insert(user);
             }
         }
-        self.members.load(
+        self.state.members.load(
             conversation,
             Conversation {
                 partition: at.partition,
@@ -437,12 +422,11 @@ impl Fanout {
     }
 
     fn send(&mut self, r: Routed) -> Result<(), Failure> {
-        let payload = self.codec.encode(&r.delivery);
+        let payload = self.out.codec.encode(&r.delivery);
         let key = r.delivery.conversation_id.to_string();
         let users = r.delivery.user_ids.len();
-        let n = self.sent;
-        self.sent += 1;
-        self.unacked.add(n);
+        let n = self.state.number();
+        self.out.unacked.add(n);
         tracing::debug!(
             conversation_id = %r.delivery.conversation_id,
             seq = ?r.delivery.seq,
@@ -468,7 +452,7 @@ impl Fanout {
         n: u64,
     ) -> Result<(), Failure> {
         loop {
-            match self.producer.send(record) {
+            match self.out.producer.send(record) {
                 Ok(()) => return Ok(()),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
                     // The bound (fanout.produce_queue_max) holds: wait for the broker.
@@ -477,7 +461,7 @@ impl Fanout {
                     record = back;
                 }
                 Err((err, _)) => {
-                    self.unacked.done(n);
+                    self.out.unacked.done(n);
                     return Err(Failure::retriable(
                         anyhow::Error::from(err).context("producing to Kafka"),
                     ));
@@ -495,7 +479,7 @@ impl Fanout {
             let record: BaseRecord<'_, str, [u8], usize> =
                 BaseRecord::with_opaque_to(&self.cfg.presence_topic, usize::MAX).key(&key);
             // Not waited for: the tombstone is housekeeping, not a condition for progress.
-            if let Err((err, _)) = self.producer.send(record) {
+            if let Err((err, _)) = self.out.producer.send(record) {
                 tracing::warn!("tombstoning {key}: {err}");
             } else {
                 metrics::counter!("fanout_presence_tombstones_total").increment(1);

@@ -26,10 +26,11 @@ pub mod members;
 pub mod online;
 pub mod plan;
 pub mod presence;
+pub mod state;
 pub mod typing;
 
 use chatpipe_runtime::CancellationToken;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -48,11 +49,9 @@ use chatpipe_runtime::{
     retry_until, Decode, Failure, ReaderHealth, ReaderSpec, Readiness, Source, Supervisor,
     WriterSchemas,
 };
-use commits::{ChangelogWrites, DeliveryReport, PendingOffsets, Unacked};
-use events::Fanout;
-use members::Members;
+use commits::{ChangelogWrites, DeliveryReport, Unacked};
+use events::{Fanout, Outputs};
 use online::Online;
-use plan::Coalescer;
 use presence::PresenceTable;
 
 /// A chat.events record as fanout reads it: the event, and the membership version its
@@ -356,7 +355,7 @@ fn run_events(
         },
     )
     .context("creating the deliveries producer")?;
-    let fanout = Fanout {
+    let out = Outputs {
         handle: thread.handle(),
         schemas: WriterSchemas::new(thread.registry().clone(), thread.handle()),
         pool,
@@ -365,22 +364,13 @@ fn run_events(
         unacked,
         status,
         kafka: settings.kafka.clone(),
-        members: Members::new(cfg.max_cached_conversations, cfg.max_cached_members),
         changelog: Changelog {
             topic: cfg.changelog_topic.clone(),
             codec: changelog_codec,
         },
-        restored: HashSet::new(),
-        dirty: HashMap::new(),
         changelog_writes,
-        covers: HashMap::new(),
-        coalescer: Coalescer::default(),
-        sent: 0,
-        offsets: PendingOffsets::default(),
-        released: HashMap::new(),
-        next_tick: Instant::now(),
-        cfg: cfg.clone(),
     };
+    let fanout = Fanout::new(out, cfg.clone());
     let spec = ReaderSpec::group(
         "fanout-events",
         "fanout",

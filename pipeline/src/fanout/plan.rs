@@ -9,8 +9,8 @@ use chatpipe_schemas::delivery::{
     Delivery, DELIVERY_UPDATED, MESSAGE_DELETED, MESSAGE_EDITED, MESSAGE_NEW, READ_UPDATED,
 };
 use chatpipe_schemas::{
-    ConversationId, DeliveryUpdated, MessageDeleted, MessageEdited, MessageNew, ReadUpdated,
-    UserId, Watermark,
+    ChatEvent, ConversationId, DeliveryUpdated, MessageDeleted, MessageEdited, MessageNew,
+    ReadUpdated, UserId, Watermark,
 };
 
 use super::online::{Gateway, Online};
@@ -107,6 +107,37 @@ fn message_to_members(
         };
     }
     route(by_gateway(members, online, now_ms), &full)
+}
+
+/// The lists `event` makes for a conversation of `members`, given who is `online`. In a
+/// group larger than `light_threshold`, reads and deliveries are held back in
+/// `coalescer` (sent at the next tick), and only the reader hears of a read at once.
+pub fn event(
+    event: &ChatEvent,
+    members: &HashSet<UserId>,
+    online: &Online,
+    now: i64,
+    light_threshold: usize,
+    coalescer: &mut Coalescer,
+) -> Vec<Routed> {
+    match event {
+        ChatEvent::MessageNew(e) => message_new(e, members, online, now, light_threshold),
+        ChatEvent::ReadUpdated(e) if members.len() > light_threshold => {
+            coalescer.add_read(e);
+            read_updated_to_reader(e, online, now)
+        }
+        // Ticks for senders: coalesced in large groups, as reads are; the
+        // member's own devices need no word of what they received.
+        ChatEvent::DeliveryUpdated(e) if members.len() > light_threshold => {
+            coalescer.add_delivery(e);
+            Vec::new()
+        }
+        ChatEvent::DeliveryUpdated(e) => delivery_updated(e, members, online, now),
+        ChatEvent::ReadUpdated(e) => read_updated(e, members, online, now),
+        ChatEvent::MessageEdited(e) => message_edited(e, members, online, now, light_threshold),
+        ChatEvent::MessageDeleted(e) => message_deleted(e, members, online, now, light_threshold),
+        _ => Vec::new(),
+    }
 }
 
 /// message.new to every online member, the sender's other devices included.
@@ -497,5 +528,40 @@ mod tests {
         );
         assert_eq!(ids(&d.user_ids), vec![1, 2]);
         assert!(c.is_empty());
+    }
+
+    #[test]
+    fn an_event_routes_at_once_in_a_small_group_and_reads_wait_for_the_tick_in_a_large_one() {
+        let o = online(&[(1, "a", 0), (2, "b", 1), (3, "a", 0)]);
+        let read = |conversation| {
+            ChatEvent::ReadUpdated(ReadUpdated {
+                conversation_id: ConversationId::of(conversation),
+                user_id: UserId::of(3),
+                last_read_seq: Watermark::of(2),
+                occurred_at: Utc::now(),
+            })
+        };
+        let mut c = Coalescer::default();
+        // Small: every online member hears of the read now, nothing is held back.
+        let small = users([1, 2, 3]);
+        let now = event(&read(4), &small, &o, 0, 200, &mut c);
+        let mut heard: Vec<i64> = now.iter().flat_map(|r| ids(&r.delivery.user_ids)).collect();
+        heard.sort();
+        assert_eq!(heard, vec![1, 2, 3]);
+        assert!(c.drain(|_| Some(&small), &o, 0).is_empty());
+        // Large: only the reader's own devices now; the others at the tick, once.
+        let large = users(1..=300);
+        let now = event(&read(5), &large, &o, 0, 200, &mut c);
+        let heard: Vec<i64> = now.iter().flat_map(|r| ids(&r.delivery.user_ids)).collect();
+        assert_eq!(heard, vec![3]);
+        let ticked = c.drain(|_| Some(&large), &o, 0);
+        assert!(!ticked.is_empty(), "the held-back read is sent at the tick");
+        assert!(ticked
+            .iter()
+            .all(|r| r.delivery.conversation_id == ConversationId::of(5)));
+        assert!(c.drain(|_| Some(&large), &o, 0).is_empty(), "and only once");
+        // A message goes out at once whatever the size.
+        let m = ChatEvent::MessageNew(message(5, 3));
+        assert_eq!(event(&m, &large, &o, 0, 200, &mut c).len(), 2);
     }
 }
