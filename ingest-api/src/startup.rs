@@ -68,32 +68,7 @@ impl Application {
         } else {
             require_schema(&pool).await?;
         }
-        let receipts = match settings.reads.mode {
-            ReadMode::Direct => None,
-            ReadMode::Stream => {
-                let codec = wait_for(
-                    "registering the chat.read-receipts schema",
-                    patience,
-                    || registry.receipt_codec(),
-                    incompatible,
-                )
-                .await
-                .context("registering the chat.read-receipts schema")?;
-                let acks_subject = format!("{}-value", settings.kafka.acks_topic);
-                let acks = wait_for(
-                    "registering the delivery acks' schema",
-                    patience,
-                    || registry.receipt_codec_for(&acks_subject),
-                    incompatible,
-                )
-                .await
-                .context("registering the delivery acks' schema")?;
-                Some(
-                    ReceiptProducer::new(&settings.kafka, codec, acks)
-                        .context("the Kafka producer (kafka.brokers)")?,
-                )
-            }
-        };
+        let receipts = receipt_producer(&settings, &registry).await?;
         let store = Store {
             pool: pool.clone(),
             outbox: Outbox::new(codec, settings.outbox.retain_until_confirmed),
@@ -273,4 +248,36 @@ pub async fn require_schema(pool: &PgPool) -> anyhow::Result<()> {
             applied.map_or("none".to_owned(), |v| v.to_string())
         ),
     }
+}
+
+/// In stream mode (`reads.mode`), the producer of read receipts and delivery acks, once
+/// both schemas are registered (waited for up to `registry.startup_wait_ms`).
+async fn receipt_producer(
+    settings: &Settings,
+    registry: &chatpipe_schemas::registry::Registry,
+) -> anyhow::Result<Option<ReceiptProducer>> {
+    if settings.reads.mode == ReadMode::Direct {
+        return Ok(None);
+    }
+    let patience = settings.registry.startup_wait();
+    let codec = wait_for(
+        "registering the chat.read-receipts schema",
+        patience,
+        || registry.receipt_codec(),
+        incompatible,
+    )
+    .await
+    .context("registering the chat.read-receipts schema")?;
+    let acks_subject = format!("{}-value", settings.kafka.acks_topic);
+    let acks = wait_for(
+        "registering the delivery acks' schema",
+        patience,
+        || registry.receipt_codec_for(&acks_subject),
+        incompatible,
+    )
+    .await
+    .context("registering the delivery acks' schema")?;
+    let producer = ReceiptProducer::new(&settings.kafka, codec, acks)
+        .context("the Kafka producer (kafka.brokers)")?;
+    Ok(Some(producer))
 }

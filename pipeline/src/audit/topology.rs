@@ -299,21 +299,7 @@ impl Topology {
             self.timeline = Some(timeline);
             metrics::gauge!("audit_postgres_timeline").set(timeline as f64);
         }
-        metrics::gauge!("audit_postgres_primaries").set(report.primaries as f64);
-        metrics::gauge!("audit_postgres_standbys").set(report.standbys as f64);
-        for n in report.nodes.iter().filter(|n| n.role == "standby") {
-            let node = n.node.clone();
-            metrics::gauge!("audit_standby_lag_bytes", "node" => node.clone())
-                .set(n.lag_bytes.unwrap_or(0) as f64);
-            metrics::gauge!("audit_standby_lag_seconds", "node" => node.clone())
-                .set(n.lag_seconds.unwrap_or(0.0));
-            let usable = n.slot.as_ref().is_some_and(|s| s.usable);
-            metrics::gauge!("audit_standby_slot_usable", "node" => node).set(if usable {
-                1.0
-            } else {
-                0.0
-            });
-        }
+        record(report);
     }
 }
 
@@ -359,6 +345,25 @@ async fn ask(pool: &PgPool, slot: &str) -> Result<(Answer, Option<SlotCopy>), sq
         },
     };
     Ok((answer, Some(slot)))
+}
+
+/// The topology's gauges: primaries, standbys, and each standby's lag and slot.
+fn record(report: &TopologyReport) {
+    metrics::gauge!("audit_postgres_primaries").set(report.primaries as f64);
+    metrics::gauge!("audit_postgres_standbys").set(report.standbys as f64);
+    for n in report.nodes.iter().filter(|n| n.role == "standby") {
+        let node = n.node.clone();
+        metrics::gauge!("audit_standby_lag_bytes", "node" => node.clone())
+            .set(n.lag_bytes.unwrap_or(0) as f64);
+        metrics::gauge!("audit_standby_lag_seconds", "node" => node.clone())
+            .set(n.lag_seconds.unwrap_or(0.0));
+        let usable = n.slot.as_ref().is_some_and(|s| s.usable);
+        metrics::gauge!("audit_standby_slot_usable", "node" => node).set(if usable {
+            1.0
+        } else {
+            0.0
+        });
+    }
 }
 
 #[cfg(test)]
