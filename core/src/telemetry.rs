@@ -2,8 +2,8 @@
 
 use std::sync::OnceLock;
 
-pub use metrics_exporter_prometheus::PrometheusHandle;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+pub use metrics_exporter_prometheus::{PrometheusHandle, PrometheusRecorder};
 use tracing_subscriber::EnvFilter;
 
 /// Logs to stderr; `RUST_LOG` filters (default `info`), `LOG_FORMAT=json` for machines.
@@ -31,21 +31,23 @@ const SIZE_BUCKETS: &[f64] = &[
     1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0,
 ];
 
+/// A Prometheus recorder with chatpipe's buckets, not installed anywhere: the
+/// process-wide one of [`metrics_handle`], or a test's own.
+pub fn recorder() -> PrometheusRecorder {
+    PrometheusBuilder::new()
+        .set_buckets(LATENCY_BUCKETS)
+        .and_then(|b| b.set_buckets_for_metric(Matcher::Suffix("_size".into()), SIZE_BUCKETS))
+        .and_then(|b| b.set_buckets_for_metric(Matcher::Suffix("_keys".into()), SIZE_BUCKETS))
+        .expect("static buckets are valid")
+        .build_recorder()
+}
+
 /// Installs the process-wide Prometheus recorder once and returns its handle.
 pub fn metrics_handle() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            let recorder = PrometheusBuilder::new()
-                .set_buckets(LATENCY_BUCKETS)
-                .and_then(|b| {
-                    b.set_buckets_for_metric(Matcher::Suffix("_size".into()), SIZE_BUCKETS)
-                })
-                .and_then(|b| {
-                    b.set_buckets_for_metric(Matcher::Suffix("_keys".into()), SIZE_BUCKETS)
-                })
-                .expect("static buckets are valid")
-                .build_recorder();
+            let recorder = recorder();
             let handle = recorder.handle();
             // Fails only if another recorder was installed first; then ours just renders nothing new.
             let _ = metrics::set_global_recorder(recorder);

@@ -47,13 +47,37 @@ pub const DEFAULT_REGISTRY_URL: &str = "http://127.0.0.1:8081/apis/ccompat/v7";
 pub const JWT_SECRET: &str = "test-secret-test-secret-test-secret!";
 const DB_PREFIX: &str = "cp_test_";
 
-/// Tests that assert how a counter moved take turns. Every in-process app of a test
-/// binary records into the one process-wide recorder, so a counter's delta is this test's
-/// app's only while no other test that provokes the same counters (timeouts, refusals,
-/// full queues, rate limits) runs beside it; those tests all hold this turn.
-pub async fn counting_turn() -> tokio::sync::MutexGuard<'static, ()> {
-    static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    TURN.lock().await
+/// A metrics recorder of this test's own. Every metric recorded on the test's thread goes
+/// to it instead of the process-wide recorder that the other tests of the binary share:
+/// the test's runtime is current-thread, so the in-process apps it starts (their
+/// handlers, connections and spawned tasks) all record here, and a count read from it is
+/// this test's apps' and nobody else's. Hold it for the whole test, started before the
+/// apps. What runs on threads of its own (readers, spawn_blocking) still records
+/// process-wide: a test that counts there reads PostgreSQL or Kafka instead.
+pub struct OwnMetrics {
+    handle: chatpipe_core::telemetry::PrometheusHandle,
+    _installed: metrics::LocalRecorderGuard<'static>,
+}
+
+impl OwnMetrics {
+    pub fn start() -> Self {
+        assert_eq!(
+            tokio::runtime::Handle::current().runtime_flavor(),
+            tokio::runtime::RuntimeFlavor::CurrentThread,
+            "OwnMetrics needs the test's apps on its thread: a current-thread #[tokio::test]"
+        );
+        let recorder: &'static _ = Box::leak(Box::new(chatpipe_core::telemetry::recorder()));
+        let handle = recorder.handle();
+        Self {
+            handle,
+            _installed: metrics::set_default_local_recorder(recorder),
+        }
+    }
+
+    /// The sum of `name`'s samples with every one of `labels`, 0 when none was recorded.
+    pub fn sum(&self, name: &str, labels: &[&str]) -> f64 {
+        metric_sum(&self.handle.render(), name, labels).unwrap_or(0.0)
+    }
 }
 
 /// The sum of the samples of metric `name` in Prometheus text whose labels include every
