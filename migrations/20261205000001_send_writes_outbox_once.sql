@@ -4,9 +4,13 @@
 -- with arrays (not once per row), from a CTE the answer joins, so the send stays one
 -- statement.
 --
--- The sender's own read move stays inside the statement: it must see the conversation's
--- last_seq and the seqs this very statement assigns, which a function it calls cannot
--- (a function runs on the statement's snapshot, not on its own writes).
+-- The sender's own read move stays inside the statement, the one place besides
+-- chat_advance_reads where a watermark moves: a function called inside the statement
+-- cannot see the seqs and last_seq the statement writes, and calling chat_advance_reads
+-- in a statement of its own afterwards was measured to cost the send 14% of its
+-- server time (pg_stat_statements mean per call, 16-row batches into 16 conversations,
+-- 1 client, 10 alternating runs: 1.59 ms inline, 1.82 ms so; 1.77 ms with the same
+-- UPDATE as a second statement, so the cost is the second statement, not the function).
 
 CREATE OR REPLACE FUNCTION chat_send_many(p_conversations bigint[], p_senders bigint[], p_client_ids uuid[], p_bodies text[], p_created_at timestamp with time zone[], p_event_ids uuid[], p_heads bytea[], p_tails bytea[], p_aggregatetype text, p_clear_outbox boolean)
  RETURNS TABLE(outcome text, seq bigint, created_at timestamp with time zone)
