@@ -208,15 +208,14 @@ pub async fn connect(db: &DatabaseSettings) -> anyhow::Result<PgPool> {
 /// a request may, and a fresh database on a busy server can take seconds for its first
 /// table. The connection is closed afterwards, not returned to the pool.
 pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
-    let mut conn = pool
-        .acquire()
+    // A connection of its own that starts without the timeout (the last `-c` option of
+    // the startup packet wins): a `SET` afterwards would itself run under the timeout.
+    let options = (*pool.connect_options())
+        .clone()
+        .options([("statement_timeout", "0")]);
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect_with(&options)
         .await
-        .context("a connection to apply migrations")?
-        .detach();
-    sqlx::query("SET statement_timeout = 0")
-        .execute(&mut conn)
-        .await
-        .context("lifting the statement timeout for migrations")?;
+        .context("a connection to apply migrations")?;
     let applied = MIGRATOR.run(&mut conn).await.context("applying migrations");
     let _ = sqlx::Connection::close(conn).await;
     applied
