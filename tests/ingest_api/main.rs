@@ -18,6 +18,7 @@ mod limits;
 mod migrations;
 mod nonmembers;
 mod operations;
+mod partitions;
 mod read_limits;
 mod reads;
 mod schema_contract;

@@ -4,7 +4,7 @@
 use sqlx::{Connection, PgConnection};
 
 /// A migrator of the repository's migrations up to and including `last` (a version).
-async fn migrations_up_to(last: i64) -> sqlx::migrate::Migrator {
+pub(crate) async fn migrations_up_to(last: i64) -> sqlx::migrate::Migrator {
     let dir = std::env::temp_dir().join(format!("migrations-{}", uuid::Uuid::new_v4()));
     std::fs::create_dir_all(&dir).unwrap();
     let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../migrations");

@@ -140,7 +140,13 @@ pub fn page_sql(unread: &str) -> String {
                     AND ($2::timestamptz IS NULL OR (c.last_activity_at, c.id) < ($2, $3))
                   ORDER BY c.last_activity_at DESC, c.id DESC
                   LIMIT $4) AS s
-           LEFT JOIN message lm ON lm.conversation_id = s.conversation_id AND lm.seq = s.last_seq
+           -- One lookup per row, in its conversation's partition (LIMIT keeps the planner
+           -- from turning it into a join with the whole table).
+           LEFT JOIN LATERAL (SELECT m.seq, m.sender_id, m.body, m.deleted_at, m.created_at
+                                FROM message m
+                               WHERE m.conversation_id = s.conversation_id
+                                 AND m.seq = s.last_seq
+                               LIMIT 1) AS lm ON true
           ORDER BY s.last_activity_at DESC, s.conversation_id DESC"
     )
 }

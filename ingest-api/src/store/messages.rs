@@ -91,19 +91,42 @@ pub async fn history(
     })
 }
 
-fn descending() -> String {
+/// A page of history before `$2` (newest first). Like every statement here that reads or
+/// writes `message`, it names one conversation (`$1`), so it reads one partition
+/// (tests/ingest_api/partitions.rs).
+pub fn descending() -> String {
     format!(
         "SELECT {MESSAGE_COLUMNS} FROM message
           WHERE conversation_id = $1 AND seq < $2 ORDER BY seq DESC LIMIT $3"
     )
 }
 
-fn ascending() -> String {
+/// A page of history after `$2` (oldest first).
+pub fn ascending() -> String {
     format!(
         "SELECT {MESSAGE_COLUMNS} FROM message
           WHERE conversation_id = $1 AND seq > $2 ORDER BY seq ASC LIMIT $3"
     )
 }
+
+/// The message an edit or a delete acts on (`$1`, `$2`), locked.
+pub const TARGET_SQL: &str = "SELECT sender_id, deleted_at IS NOT NULL FROM message
+      WHERE conversation_id = $1 AND seq = $2 FOR UPDATE";
+
+/// An edit of `$1`, `$2` to the body `$3`, answering the message.
+pub fn edit_sql() -> String {
+    format!(
+        "UPDATE message SET body = $3, edited_at = now(), changed_xid = pg_current_xact_id()
+          WHERE conversation_id = $1 AND seq = $2
+          RETURNING {MESSAGE_COLUMNS}"
+    )
+}
+
+/// A delete of `$1`, `$2` by `$3`: the body erased, the seq kept.
+pub const DELETE_SQL: &str = "UPDATE message SET body = NULL, deleted_at = now(), deleted_by = $3,
+            changed_xid = pg_current_xact_id()
+      WHERE conversation_id = $1 AND seq = $2
+      RETURNING deleted_at";
 
 /// An edited message, as the edit answers it.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -132,14 +155,11 @@ async fn lock_target(
     seq: Seq,
 ) -> Result<Target, StoreError> {
     let locked = lock_as_member(conn, conversation, caller).await?;
-    let row: Option<(i64, bool)> = sqlx::query_as(
-        "SELECT sender_id, deleted_at IS NOT NULL FROM message
-          WHERE conversation_id = $1 AND seq = $2 FOR UPDATE",
-    )
-    .bind(conversation.get())
-    .bind(seq.get())
-    .fetch_optional(conn)
-    .await?;
+    let row: Option<(i64, bool)> = sqlx::query_as(TARGET_SQL)
+        .bind(conversation.get())
+        .bind(seq.get())
+        .fetch_optional(conn)
+        .await?;
     let (sender, deleted) = row.ok_or(StoreError::NotFound { what: "message" })?;
     Ok(Target {
         sender: chatpipe_core::db::id(sender)?,
@@ -177,16 +197,12 @@ pub async fn edit(
         // Under a block nobody writes here; deleting what one wrote stays possible.
         super::blocks::refuse_in_direct(&mut tx, conversation, caller).await?;
     }
-    let message: HistoryMessage = sqlx::query_as(&format!(
-        "UPDATE message SET body = $3, edited_at = now(), changed_xid = pg_current_xact_id()
-          WHERE conversation_id = $1 AND seq = $2
-          RETURNING {MESSAGE_COLUMNS}"
-    ))
-    .bind(conversation.get())
-    .bind(seq.get())
-    .bind(body)
-    .fetch_one(&mut *tx)
-    .await?;
+    let message: HistoryMessage = sqlx::query_as(&edit_sql())
+        .bind(conversation.get())
+        .bind(seq.get())
+        .bind(body)
+        .fetch_one(&mut *tx)
+        .await?;
     touch_conversation(&mut tx, conversation, 0).await?;
     let event = ChatEvent::MessageEdited(MessageEdited {
         conversation_id: conversation,
@@ -241,17 +257,12 @@ pub async fn delete(
     if target.deleted {
         return Ok(Deleted::Already);
     }
-    let deleted_at: DateTime<Utc> = sqlx::query_scalar(
-        "UPDATE message SET body = NULL, deleted_at = now(), deleted_by = $3,
-                changed_xid = pg_current_xact_id()
-          WHERE conversation_id = $1 AND seq = $2
-          RETURNING deleted_at",
-    )
-    .bind(conversation.get())
-    .bind(seq.get())
-    .bind(caller.get())
-    .fetch_one(&mut *tx)
-    .await?;
+    let deleted_at: DateTime<Utc> = sqlx::query_scalar(DELETE_SQL)
+        .bind(conversation.get())
+        .bind(seq.get())
+        .bind(caller.get())
+        .fetch_one(&mut *tx)
+        .await?;
     touch_conversation(&mut tx, conversation, 1).await?;
     sqlx::query(
         "UPDATE conversation_member SET deleted_read = deleted_read + 1

@@ -122,6 +122,18 @@ pub enum Receipts {
     },
 }
 
+/// How many members other than its sender have read and have received message `$1`, `$2`.
+pub const RECEIPTS_SQL: &str = "SELECT (SELECT count(*) FROM conversation_member r
+                  WHERE r.conversation_id = msg.conversation_id
+                    AND r.last_read_seq >= msg.seq
+                    AND r.user_id <> msg.sender_id),
+                (SELECT count(*) FROM conversation_member r
+                  WHERE r.conversation_id = msg.conversation_id
+                    AND r.last_delivered_seq >= msg.seq
+                    AND r.user_id <> msg.sender_id)
+           FROM message msg
+          WHERE msg.conversation_id = $1 AND msg.seq = $2";
+
 /// Counts members with `last_read_seq >= seq` (a range scan on the watermark index);
 /// there are no per-message receipt rows.
 pub async fn receipts(
@@ -134,23 +146,12 @@ pub async fn receipts(
         kind, member_count, ..
     } = super::as_member(db, conversation, caller).await?;
 
-    let (read_by, delivered_to): (i64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM conversation_member r
-                  WHERE r.conversation_id = msg.conversation_id
-                    AND r.last_read_seq >= msg.seq
-                    AND r.user_id <> msg.sender_id),
-                (SELECT count(*) FROM conversation_member r
-                  WHERE r.conversation_id = msg.conversation_id
-                    AND r.last_delivered_seq >= msg.seq
-                    AND r.user_id <> msg.sender_id)
-           FROM message msg
-          WHERE msg.conversation_id = $1 AND msg.seq = $2",
-    )
-    .bind(conversation.get())
-    .bind(seq.get())
-    .fetch_optional(&db.pool)
-    .await?
-    .ok_or(StoreError::NotFound { what: "message" })?;
+    let (read_by, delivered_to): (i64, i64) = sqlx::query_as(RECEIPTS_SQL)
+        .bind(conversation.get())
+        .bind(seq.get())
+        .fetch_optional(&db.pool)
+        .await?
+        .ok_or(StoreError::NotFound { what: "message" })?;
 
     Ok(if kind == crate::domain::ConversationKind::Direct {
         Receipts::Direct {

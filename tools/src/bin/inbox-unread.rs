@@ -185,7 +185,15 @@ async fn run_scale(
 ) -> anyhow::Result<Value> {
     let mut conn = PgConnection::connect(url).await?;
     ingest_api::startup::MIGRATOR.run(&mut conn).await?;
-    conn.execute("ALTER TABLE message SET UNLOGGED").await?;
+    // Each partition (a partitioned table has no storage of its own to unlog).
+    conn.execute(
+        "DO $$ DECLARE p regclass; BEGIN
+             FOR p IN SELECT relid FROM pg_partition_tree('message') WHERE isleaf LOOP
+                 EXECUTE format('ALTER TABLE %s SET UNLOGGED', p);
+             END LOOP;
+         END $$",
+    )
+    .await?;
     let started = Instant::now();
     load(&mut conn, scale).await?;
     let loaded = started.elapsed().as_secs_f64();
@@ -193,7 +201,9 @@ async fn run_scale(
         .await?;
     let vacuumed = started.elapsed().as_secs_f64() - loaded;
     let (db_bytes, message_bytes): (i64, i64) = sqlx::query_as(
-        "SELECT pg_database_size(current_database()), pg_total_relation_size('message')",
+        "SELECT pg_database_size(current_database()),
+                (SELECT sum(pg_total_relation_size(relid))::bigint
+                   FROM pg_partition_tree('message'))",
     )
     .fetch_one(&mut conn)
     .await?;

@@ -95,7 +95,7 @@ static STATES_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
 /// (+1) each, newest first, in the order given, as long as their bodies add up to `$6`
 /// bytes at most (the first row whatever its size); then one row more, `fits` false, that
 /// says which conversation the bytes cut.
-static MESSAGES_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+pub static MESSAGES_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
         "SELECT h.conv, h.fits, {MESSAGE_COLUMNS}
            FROM (SELECT g.*, count(*) FILTER (WHERE NOT g.fits)
