@@ -279,9 +279,15 @@ impl PgStats {
     pub async fn read(&mut self) -> anyhow::Result<Snapshot> {
         // Forces this transaction's own counts out when it ends, so the reading of
         // pg_stat_database below already holds it.
+        // A partitioned table's rows are counted on its partitions: summed under its name.
         let tables: Vec<(String, i64, i64, i64)> = sqlx::query_as(
-            "SELECT relname::text, n_tup_ins, n_tup_upd, n_tup_del
-               FROM pg_stat_user_tables, pg_stat_force_next_flush()",
+            "SELECT coalesce(p.relname, s.relname)::text, sum(s.n_tup_ins)::bigint,
+                    sum(s.n_tup_upd)::bigint, sum(s.n_tup_del)::bigint
+               FROM pg_stat_user_tables s
+               LEFT JOIN pg_inherits i ON i.inhrelid = s.relid
+               LEFT JOIN pg_class p ON p.oid = i.inhparent AND p.relkind = 'p'
+              CROSS JOIN pg_stat_force_next_flush()
+              GROUP BY 1",
         )
         .fetch_all(&mut self.target)
         .await?;
