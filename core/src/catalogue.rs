@@ -72,6 +72,12 @@ pub const METRICS: &[Entry] = &[
     ("receipts_dropped_non_member_total", Counter, "Receipts of users who are not members, dropped by the flush, by mark."),
     ("receipts_flush_duration_seconds", Histogram, "Time one flush took (its UPDATE, outbox events and commit), by mark."),
     ("receipts_collapse_ratio", Gauge, "Receipts read per watermark written in the last flush, by mark."),
+    // pipeline archive.
+    ("archive_changes_total", Counter, "Message changes written to the cold tier (Cassandra), by kind (new, edited, deleted)."),
+    ("archive_batches_total", Counter, "Batches written to the cold tier, each followed by its progress in message_archive."),
+    ("archive_batch_changes", Histogram, "Changes per batch (at most archive.max_batch)."),
+    ("archive_batch_duration_seconds", Histogram, "Time to write one batch: its Cassandra writes (archive.write_concurrency in flight) and its progress in PostgreSQL."),
+    ("archive_write_failures_total", Counter, "Batches that failed to write (Cassandra or PostgreSQL unavailable or timing out); each is retried whole, the reader holding its position."),
     // pipeline fanout.
     ("fanout_events_total", Counter, "Events of chat.events joined with members and presence, by type."),
     ("fanout_deliveries_total", Counter, "Fanout lists written to chat.deliveries."),
@@ -165,6 +171,7 @@ pub const READER_PREFIXES: &[&str] = &[
     "fanout_typing",
     "gateway_deliveries",
     "audit",
+    "archive",
 ];
 
 /// The metrics of a reader with metric prefix `prefix` (see `chatpipe_runtime::reader`).

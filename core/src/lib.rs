@@ -3,6 +3,7 @@
 
 pub mod auth;
 pub mod catalogue;
+pub mod cold;
 pub mod config;
 pub mod db;
 pub mod http;

@@ -29,6 +29,9 @@ enum Command {
     Receipts,
     /// Run the fanout processor: chat.events + members + presence -> chat.deliveries.
     Fanout,
+    /// Run the archiver: chat.events -> the cold tier (Cassandra), with each
+    /// conversation's archived seq in PostgreSQL.
+    Archive,
     /// Run the auditor: chat.events, PostgreSQL, Connect and the services' /readyz ->
     /// alarms on /metrics and a report on GET /report.
     Audit,
@@ -52,7 +55,7 @@ async fn main() -> anyhow::Result<()> {
     let mut supervisor = Supervisor::new(stop.clone());
     if matches!(
         cli.command,
-        Command::Receipts | Command::Fanout | Command::Audit
+        Command::Receipts | Command::Fanout | Command::Audit | Command::Archive
     ) {
         // A missing or malformed database.url is the operator's to fix: refused here,
         // not retried by a supervised reader.
@@ -79,6 +82,11 @@ async fn main() -> anyhow::Result<()> {
         Command::Fanout => {
             chatpipe_core::telemetry::build_info("fanout");
             pipeline::fanout::spawn(&settings, &mut supervisor, &readiness, Arc::default());
+            axum::Router::new()
+        }
+        Command::Archive => {
+            chatpipe_core::telemetry::build_info("archive");
+            pipeline::archive::spawn(&settings, &mut supervisor, &readiness);
             axum::Router::new()
         }
         Command::Audit => {

@@ -9,6 +9,7 @@ pub const ALIASES: &[(&str, &str)] = &[
     ("KAFKA_BROKERS", "kafka.brokers"),
     ("SCHEMA_REGISTRY_URL", "registry.url"),
     ("DATABASE_URL", "database.url"),
+    ("CASSANDRA_NODES", "storage.cassandra_nodes"),
 ];
 
 #[derive(Debug, Clone, Deserialize)]
@@ -21,6 +22,8 @@ pub struct Settings {
     pub receipts: ReceiptsSettings,
     pub fanout: FanoutSettings,
     pub audit: AuditSettings,
+    pub archive: ArchiveSettings,
+    pub storage: chatpipe_core::cold::StorageSettings,
     pub http: HttpSettings,
     pub fault: FaultSettings,
     pub readers: chatpipe_runtime::ReaderSettings,
@@ -80,6 +83,22 @@ pub struct FanoutSettings {
     pub max_cached_conversations: usize,
     /// Member ids kept in memory over all conversations (`fanout_cached_members`).
     pub max_cached_members: usize,
+}
+
+/// `pipeline archive`: see `[archive]` in config/pipeline.toml.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArchiveSettings {
+    pub events_topic: String,
+    pub group: String,
+    /// A batch is written once it holds this many changes...
+    pub max_batch: usize,
+    /// ...or this long after its first record.
+    pub linger_ms: u64,
+    /// Cassandra writes in flight per reader.
+    pub write_concurrency: usize,
+    pub max_poll_ms: u64,
+    pub concurrency: usize,
 }
 
 /// `pipeline audit`: see `[audit]` in config/pipeline.toml.

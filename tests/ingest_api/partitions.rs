@@ -227,7 +227,7 @@ async fn every_statement_of_ours_on_message_touches_the_one_partition_of_its_con
         ),
         (
             "a delete",
-            partitions_touched!(db, messages::DELETE_SQL, conversation, 2_i64, alice),
+            partitions_touched!(db, messages::delete_sql(), conversation, 2_i64, alice),
         ),
         (
             "a message's receipts",

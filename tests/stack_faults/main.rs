@@ -4,6 +4,7 @@
 //! take turns ([`one_fault_at_a_time`]).
 
 mod broker;
+mod cassandra;
 mod fenced;
 mod postgres;
 mod registry;

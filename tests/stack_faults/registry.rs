@@ -22,7 +22,7 @@ fn is_message(conversation: i64, seq: i64) -> impl Fn(&Value) -> bool {
 }
 
 /// Records in `topic` (high watermark minus low, summed over partitions).
-fn records_in(topic: &str) -> i64 {
+pub(crate) fn records_in(topic: &str) -> i64 {
     let consumer: BaseConsumer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", brokers())
         .create_guarded()

@@ -9,6 +9,7 @@
 pub mod audit;
 pub mod bench;
 pub mod cluster;
+pub mod cold;
 pub mod cpu;
 pub mod drill;
 pub mod freeze;

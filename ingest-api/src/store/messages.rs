@@ -113,20 +113,32 @@ pub fn ascending() -> String {
 pub const TARGET_SQL: &str = "SELECT sender_id, deleted_at IS NOT NULL FROM message
       WHERE conversation_id = $1 AND seq = $2 FOR UPDATE";
 
+/// The time of a message's next version: now, but strictly later than its last one.
+/// Two changes of one message wait for each other on the conversation's lock, and the
+/// second may have begun (`now()`) before the first: its time would then be earlier.
+/// The cold tier keeps, per cell, the write with the highest time (`chatpipe_core::cold`),
+/// so each version's time must be later than the one it replaces.
+const NEXT_VERSION_AT: &str =
+    "greatest(now(), coalesce(edited_at, created_at) + interval '1 microsecond')";
+
 /// An edit of `$1`, `$2` to the body `$3`, answering the message.
 pub fn edit_sql() -> String {
     format!(
-        "UPDATE message SET body = $3, edited_at = now(), changed_xid = pg_current_xact_id()
+        "UPDATE message SET body = $3, edited_at = {NEXT_VERSION_AT}, changed_xid = pg_current_xact_id()
           WHERE conversation_id = $1 AND seq = $2
           RETURNING {MESSAGE_COLUMNS}"
     )
 }
 
 /// A delete of `$1`, `$2` by `$3`: the body erased, the seq kept.
-pub const DELETE_SQL: &str = "UPDATE message SET body = NULL, deleted_at = now(), deleted_by = $3,
+pub fn delete_sql() -> String {
+    format!(
+        "UPDATE message SET body = NULL, deleted_at = {NEXT_VERSION_AT}, deleted_by = $3,
             changed_xid = pg_current_xact_id()
-      WHERE conversation_id = $1 AND seq = $2
-      RETURNING deleted_at";
+          WHERE conversation_id = $1 AND seq = $2
+          RETURNING deleted_at"
+    )
+}
 
 /// An edited message, as the edit answers it.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -257,7 +269,7 @@ pub async fn delete(
     if target.deleted {
         return Ok(Deleted::Already);
     }
-    let deleted_at: DateTime<Utc> = sqlx::query_scalar(DELETE_SQL)
+    let deleted_at: DateTime<Utc> = sqlx::query_scalar(&delete_sql())
         .bind(conversation.get())
         .bind(seq.get())
         .bind(caller.get())
