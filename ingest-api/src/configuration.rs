@@ -22,6 +22,7 @@ pub const ALIASES: &[(&str, &str)] = &[
     ("INGEST_ADMIN_ADDR", "admin.addr"),
     ("SCHEMA_REGISTRY_URL", "registry.url"),
     ("KAFKA_BROKERS", "kafka.brokers"),
+    ("CASSANDRA_NODES", "storage.cassandra_nodes"),
 ];
 
 #[derive(Debug, Clone, Deserialize)]
@@ -41,6 +42,8 @@ pub struct Settings {
     pub membership: MembershipSettings,
     pub rate_limits: RateLimitSettings,
     pub demo: DemoSettings,
+    /// The cold tier, where history finds archived messages.
+    pub storage: chatpipe_core::cold::StorageSettings,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

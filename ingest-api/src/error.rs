@@ -46,6 +46,9 @@ pub enum ApiError {
     /// A send's batch failed or its conversation's lane is full: nothing was written.
     #[error("{0}")]
     SendUnavailable(String),
+    /// Archived messages were needed and Cassandra did not answer: 503 with `Retry-After`.
+    #[error("{0}")]
+    ColdUnavailable(String),
     #[error("database error: {0}")]
     Database(sqlx::Error),
     /// Over the caller's token bucket (`[rate_limits]`): 429 with `Retry-After`.
@@ -76,6 +79,10 @@ impl From<StoreError> for ApiError {
             StoreError::Forbidden { detail } => ApiError::Forbidden { detail },
             StoreError::Conflict { code, detail } => ApiError::Conflict { code, detail },
             StoreError::Blocked { detail } => ApiError::Blocked { detail },
+            StoreError::ColdUnavailable(err) => {
+                metrics::counter!("cold_unavailable_total").increment(1);
+                ApiError::ColdUnavailable(format!("{err:#}"))
+            }
             StoreError::Database(err) => err.into(),
         }
     }
@@ -202,6 +209,12 @@ impl ApiError {
                 "Service unavailable",
                 "the message was not written; retry with the same clientMsgId",
             ),
+            Self::ColdUnavailable(_) => Problem::new(
+                S::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "Service unavailable",
+                "these messages are archived, and the archive does not answer; retry",
+            ),
             Self::RateLimited { detail, .. } => Problem::new(
                 S::TOO_MANY_REQUESTS,
                 "rate-limited",
@@ -218,6 +231,10 @@ impl ApiError {
         }
     }
 }
+
+/// What a 503 for an unreachable cold tier asks the client to wait: about a restart of a
+/// Cassandra node, which the driver reconnects after by itself.
+pub const COLD_RETRY_AFTER_SECS: u64 = 5;
 
 /// The error's full text, attached to the response for the logging middleware.
 #[derive(Debug, Clone)]
@@ -237,6 +254,12 @@ impl IntoResponse for ApiError {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+        }
+        if matches!(self, Self::ColdUnavailable(_)) {
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(COLD_RETRY_AFTER_SECS),
+            );
         }
         response
             .extensions_mut()

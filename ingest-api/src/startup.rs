@@ -73,6 +73,10 @@ impl Application {
             pool: pool.clone(),
             outbox: Outbox::new(codec, settings.outbox.retain_until_confirmed),
             members: crate::store::members::Members::new(settings.membership),
+            cold: chatpipe_core::cold::ColdTier::new(
+                &settings.storage,
+                chatpipe_core::cold::Schema::Expect,
+            ),
         };
         let sends = SendQueue::new(store.clone(), settings.sends.clone());
         let rate = RateLimits::new(&settings.rate_limits, settings.demo.tokens);

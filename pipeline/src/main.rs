@@ -86,7 +86,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Archive => {
             chatpipe_core::telemetry::build_info("archive");
-            pipeline::archive::spawn(&settings, &mut supervisor, &readiness);
+            pipeline::archive::spawn(&settings, &mut supervisor, &readiness)?;
             axum::Router::new()
         }
         Command::Audit => {

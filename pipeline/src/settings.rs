@@ -99,6 +99,14 @@ pub struct ArchiveSettings {
     pub write_concurrency: usize,
     pub max_poll_ms: u64,
     pub concurrency: usize,
+    /// The retention step: a round this often...
+    pub retention_interval_ms: u64,
+    /// ...over at most this many due conversations...
+    pub retention_conversations: usize,
+    /// ...moving at most this many rows of each per sweep.
+    pub retention_batch: usize,
+    /// A row Cassandra's copy differs from is looked at again this much later.
+    pub retention_retry_ms: u64,
 }
 
 /// `pipeline audit`: see `[audit]` in config/pipeline.toml.

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 
-use ingest_api::store::{inbox, messages, reads, sync};
+use ingest_api::store::{history, inbox, messages, reads, sync};
 use sqlx::{Connection, PgConnection};
 
 use crate::migrations::migrations_up_to;
@@ -211,11 +211,11 @@ async fn every_statement_of_ours_on_message_touches_the_one_partition_of_its_con
     let statements: Vec<(&str, BTreeSet<String>)> = vec![
         (
             "history, newest first",
-            partitions_touched!(db, messages::descending(), conversation, i64::MAX, 50_i64),
+            partitions_touched!(db, history::descending(), conversation, i64::MAX, 50_i64),
         ),
         (
             "history, oldest first",
-            partitions_touched!(db, messages::ascending(), conversation, 0_i64, 50_i64),
+            partitions_touched!(db, history::ascending(), conversation, 0_i64, 50_i64),
         ),
         (
             "the target of an edit or delete",

@@ -10,4 +10,5 @@ mod read_membership;
 mod receipts;
 mod republish;
 mod slots;
+mod tiers;
 mod transports;

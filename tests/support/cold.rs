@@ -117,8 +117,8 @@ pub async fn postgres_rows(pool: &sqlx::PgPool, conversation: i64) -> Vec<Row> {
         .collect()
 }
 
-/// Every message of `conversation` in the keyspace, by seq, read partition by partition
-/// (`bucket_size` seqs each) up to `last_seq`. A row with a column missing (a change
+/// Every message of `conversation` in the keyspace with seq up to `last_seq`, by seq, read
+/// partition by partition (`bucket_size` seqs each). A row with a column missing (a change
 /// archived without its `message.new`) panics: the archive must hold whole messages. An
 /// error: Cassandra did not answer, or the keyspace is not made yet.
 pub async fn cassandra_rows(
@@ -165,6 +165,7 @@ pub async fn cassandra_rows(
             });
         }
     }
+    out.retain(|r| r.seq <= last_seq);
     out.sort_by_key(|r| r.seq);
     Ok(out)
 }
@@ -181,41 +182,22 @@ pub async fn archived_seq(pool: &sqlx::PgPool, conversation: i64) -> i64 {
     .unwrap_or(0)
 }
 
-/// Waits until Cassandra holds exactly PostgreSQL's rows of every conversation and
+/// Waits until Cassandra holds every message of every conversation (seq 1 to the
+/// conversation's `last_seq`), each row PostgreSQL still holds equal to its copy, and
 /// `message_archive` records each one's last seq; panics with the first difference.
+/// Before the retention step moves anything, that is: the archive equals PostgreSQL.
 pub async fn wait_until_archive_equals_postgres(
     p: &Pipeline,
     session: &Session,
     conversations: &[i64],
     deadline: Duration,
 ) {
-    let bucket_size = BUCKET_SIZE;
     let until = Instant::now() + deadline;
     loop {
         let mut difference = None;
         for &conv in conversations {
-            let hot = postgres_rows(&p.app.pool, conv).await;
-            let last = hot.last().map_or(0, |r| r.seq);
-            let cold = match cassandra_rows(session, &p.ns, bucket_size, conv, last).await {
-                Ok(cold) => cold,
-                Err(e) => {
-                    difference = Some(format!("reading Cassandra: {e}"));
-                    break;
-                }
-            };
-            let recorded = archived_seq(&p.app.pool, conv).await;
-            if cold != hot || recorded != last {
-                let first = hot
-                    .iter()
-                    .zip(&cold)
-                    .find(|(h, c)| h != c)
-                    .map(|(h, c)| format!("first difference: postgres {h:?}, cassandra {c:?}"));
-                difference = Some(format!(
-                    "conversation {conv}: {} rows in postgres, {} in cassandra, message_archive says {recorded} of {last}; {}",
-                    hot.len(),
-                    cold.len(),
-                    first.unwrap_or_default()
-                ));
+            if let Err(d) = archive_holds(p, session, conv).await {
+                difference = Some(format!("conversation {conv}: {d}"));
                 break;
             }
         }
@@ -230,6 +212,33 @@ pub async fn wait_until_archive_equals_postgres(
     }
 }
 
+async fn archive_holds(p: &Pipeline, session: &Session, conv: i64) -> Result<(), String> {
+    let last: i64 = sqlx::query_scalar("SELECT last_seq FROM conversation WHERE id = $1")
+        .bind(conv)
+        .fetch_one(&p.app.pool)
+        .await
+        .unwrap();
+    let hot = postgres_rows(&p.app.pool, conv).await;
+    let cold = cassandra_rows(session, &p.ns, BUCKET_SIZE, conv, last)
+        .await
+        .map_err(|e| format!("reading Cassandra: {e}"))?;
+    let recorded = archived_seq(&p.app.pool, conv).await;
+    if recorded != last || cold.iter().map(|r| r.seq).ne(1..=last) {
+        return Err(format!(
+            "{} rows in cassandra of {last}, message_archive says {recorded}",
+            cold.len()
+        ));
+    }
+    let copies: std::collections::HashMap<i64, &Row> = cold.iter().map(|r| (r.seq, r)).collect();
+    match hot.iter().find(|h| copies.get(&h.seq) != Some(h)) {
+        Some(h) => Err(format!(
+            "postgres {h:?}, cassandra {:?}",
+            copies.get(&h.seq)
+        )),
+        None => Ok(()),
+    }
+}
+
 /// The tests' bucket size: small, so a conversation of a few dozen messages spans
 /// several Cassandra partitions.
 pub const BUCKET_SIZE: i64 = 16;
@@ -240,4 +249,35 @@ pub async fn drop_keyspace(session: &Session, keyspace: &str) {
         .query_unpaged(format!("DROP KEYSPACE IF EXISTS {keyspace}"), ())
         .await
         .expect("dropping the test's keyspace");
+}
+
+/// Drops the keyspaces named `<prefix>…` that `dead` says belong to a test process that
+/// is gone (a run killed before its cleanup). Best effort: a cleanup, not a check.
+pub async fn drop_keyspaces_of_dead_tests(prefix: &str, dead: impl Fn(&str) -> bool) {
+    let nodes = cassandra_nodes();
+    let Ok(session) = SessionBuilder::new()
+        .known_nodes(nodes.split(','))
+        .build()
+        .await
+    else {
+        return;
+    };
+    let Ok(result) = session
+        .query_unpaged("SELECT keyspace_name FROM system_schema.keyspaces", ())
+        .await
+    else {
+        return;
+    };
+    let Ok(rows) = result.into_rows_result() else {
+        return;
+    };
+    let names: Vec<String> = rows
+        .rows::<(String,)>()
+        .map(|rows| rows.filter_map(Result::ok).map(|(n,)| n).collect())
+        .unwrap_or_default();
+    for name in names.iter().filter(|n| n.starts_with(prefix) && dead(n)) {
+        let _ = session
+            .query_unpaged(format!("DROP KEYSPACE IF EXISTS {name}"), ())
+            .await;
+    }
 }

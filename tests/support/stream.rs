@@ -111,6 +111,10 @@ pub async fn spawn_pipeline_adjusted(
     let receipts_topic = format!("{ns}.chat.read-receipts");
     let acks_topic = format!("{ns}.chat.delivery-acks");
     let app = spawn_app_with(|s| {
+        // History's cold tier: the keyspace the test's archiver writes (crate::cold).
+        s.storage.keyspace = ns.clone();
+        s.storage.bucket_size = crate::cold::BUCKET_SIZE;
+        s.storage.cassandra_nodes = crate::cold::cassandra_nodes();
         s.registry.events_subject = events_subject.clone();
         s.reads.mode = reads;
         s.kafka.receipts_topic = receipts_topic.clone();
@@ -194,7 +198,11 @@ impl Pipeline {
             self.receipts_topic.clone(),
             self.acks_topic.clone(),
         );
+        let ns = self.ns.clone();
         crate::spawn_app_with(|s| {
+            s.storage.keyspace = ns;
+            s.storage.bucket_size = crate::cold::BUCKET_SIZE;
+            s.storage.cassandra_nodes = crate::cold::cassandra_nodes();
             s.database.url = secrecy::SecretString::from(url);
             s.registry.events_subject = subject;
             s.kafka.receipts_topic = receipts;
@@ -682,6 +690,7 @@ async fn remove_stale_namespaces() {
         for (ns, (connector, slot)) in namespaces {
             remove_namespace(&ns, connector.as_deref(), slot.as_deref()).await;
         }
+        crate::cold::drop_keyspaces_of_dead_tests(NS_PREFIX, |name| dead(name).is_some()).await;
     })
     .await;
 }

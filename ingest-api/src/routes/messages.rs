@@ -10,7 +10,8 @@ use crate::error::ApiError;
 use crate::extract::{Caller, ConversationPath, Json, PathParams, Query};
 use crate::rate::Kind;
 use crate::state::AppState;
-use crate::store::messages::{self as store, Page};
+use crate::store::history::Page;
+use crate::store::messages as store;
 use crate::store::send::SendOutcome;
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -142,7 +143,7 @@ pub async fn delete(
     summary = "Page history (newest page, or before/after a seq)",
     params(("id" = i64, Path, description = "the conversation", minimum = 1), HistoryQuery),
     responses(
-        (status = 200, description = "Messages in ascending seq", body = crate::store::messages::HistoryPage),
+        (status = 200, description = "Messages in ascending seq", body = crate::store::history::HistoryPage),
         crate::openapi::Common,
         crate::openapi::Scoped
     )
@@ -179,6 +180,6 @@ pub async fn history(
         (None, None) => Page::Newest,
     };
     Ok(axum::Json(
-        store::history(&state.store, conversation, reader, page, limit).await?,
+        crate::store::history::history(&state.store, conversation, reader, page, limit).await?,
     ))
 }

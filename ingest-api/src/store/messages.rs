@@ -36,79 +36,6 @@ pub struct HistoryMessage {
 pub const MESSAGE_COLUMNS: &str = "seq, sender_id, client_msg_id, body, created_at, edited_at,
      deleted_at IS NOT NULL AS deleted, deleted_at";
 
-/// Where a history page starts.
-#[derive(Debug, Clone, Copy)]
-pub enum Page {
-    /// The newest messages.
-    Newest,
-    /// Messages with seq < this, newest first (paging backwards).
-    Before(i64),
-    /// Messages with seq > this, oldest first (filling a gap).
-    After(i64),
-}
-
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct HistoryPage {
-    /// Always in ascending seq order.
-    pub messages: Vec<HistoryMessage>,
-    /// More messages exist in the direction of the page: older ones for `Newest` and
-    /// `Before`, newer ones for `After`.
-    pub has_more: bool,
-    pub last_seq: i64,
-}
-
-pub async fn history(
-    db: &Store,
-    conversation: ConversationId,
-    reader: UserId,
-    page: Page,
-    limit: i64,
-) -> Result<HistoryPage, StoreError> {
-    let last_seq = super::as_member(db, conversation, reader).await?.last_seq;
-
-    // One more row than asked tells whether more exist. Both walk the primary key.
-    let (sql, bound) = match page {
-        Page::Newest => (descending(), i64::MAX),
-        Page::Before(seq) => (descending(), seq),
-        Page::After(seq) => (ascending(), seq),
-    };
-    let mut messages: Vec<HistoryMessage> = sqlx::query_as(&sql)
-        .bind(conversation.get())
-        .bind(bound)
-        .bind(limit + 1)
-        .fetch_all(&db.pool)
-        .await?;
-    let has_more = messages.len() as i64 > limit;
-    messages.truncate(limit as usize);
-    if !matches!(page, Page::After(_)) {
-        messages.reverse();
-    }
-    Ok(HistoryPage {
-        messages,
-        has_more,
-        last_seq,
-    })
-}
-
-/// A page of history before `$2` (newest first). Like every statement here that reads or
-/// writes `message`, it names one conversation (`$1`), so it reads one partition
-/// (tests/ingest_api/partitions.rs).
-pub fn descending() -> String {
-    format!(
-        "SELECT {MESSAGE_COLUMNS} FROM message
-          WHERE conversation_id = $1 AND seq < $2 ORDER BY seq DESC LIMIT $3"
-    )
-}
-
-/// A page of history after `$2` (oldest first).
-pub fn ascending() -> String {
-    format!(
-        "SELECT {MESSAGE_COLUMNS} FROM message
-          WHERE conversation_id = $1 AND seq > $2 ORDER BY seq ASC LIMIT $3"
-    )
-}
-
 /// The message an edit or a delete acts on (`$1`, `$2`), locked.
 pub const TARGET_SQL: &str = "SELECT sender_id, deleted_at IS NOT NULL FROM message
       WHERE conversation_id = $1 AND seq = $2 FOR UPDATE";
@@ -161,17 +88,22 @@ struct Target {
 }
 
 async fn lock_target(
+    db: &Store,
     conn: &mut sqlx::PgConnection,
     conversation: ConversationId,
     caller: UserId,
     seq: Seq,
 ) -> Result<Target, StoreError> {
     let locked = lock_as_member(conn, conversation, caller).await?;
-    let row: Option<(i64, bool)> = sqlx::query_as(TARGET_SQL)
-        .bind(conversation.get())
-        .bind(seq.get())
-        .fetch_optional(conn)
-        .await?;
+    let target = || {
+        sqlx::query_as(TARGET_SQL)
+            .bind(conversation.get())
+            .bind(seq.get())
+    };
+    let mut row: Option<(i64, bool)> = target().fetch_optional(&mut *conn).await?;
+    if row.is_none() && super::archived::restore(db, conn, conversation, seq.get()).await? {
+        row = target().fetch_optional(&mut *conn).await?;
+    }
     let (sender, deleted) = row.ok_or(StoreError::NotFound { what: "message" })?;
     Ok(Target {
         sender: chatpipe_core::db::id(sender)?,
@@ -193,7 +125,7 @@ pub async fn edit(
 ) -> Result<Edited, StoreError> {
     db.members.require(&db.pool, conversation, caller).await?;
     let mut tx = db.pool.begin().await?;
-    let target = lock_target(&mut tx, conversation, caller, seq).await?;
+    let target = lock_target(db, &mut tx, conversation, caller, seq).await?;
     if target.sender != caller {
         return Err(StoreError::Forbidden {
             detail: "only a message's sender may edit it".into(),
@@ -260,7 +192,7 @@ pub async fn delete(
         .bind(conversation.get())
         .execute(&mut *tx)
         .await?;
-    let target = lock_target(&mut tx, conversation, caller, seq).await?;
+    let target = lock_target(db, &mut tx, conversation, caller, seq).await?;
     if target.sender != caller && !target.group_admin {
         return Err(StoreError::Forbidden {
             detail: "only a message's sender, or an admin of the group, may delete it".into(),

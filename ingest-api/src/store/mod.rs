@@ -1,8 +1,10 @@
 //! SQL lives here and only here. Every function that changes state writes its events to
 //! the outbox inside the same transaction.
 
+pub mod archived;
 pub mod blocks;
 pub mod conversations;
+pub mod history;
 pub mod inbox;
 pub mod members;
 pub mod messages;
@@ -20,6 +22,8 @@ pub struct Store {
     pub outbox: Outbox,
     /// Asked before any write only members may make ([`members`]).
     pub members: members::Members,
+    /// Archived messages ([`history`], and edits and deletes of them).
+    pub cold: chatpipe_core::cold::ColdTier,
 }
 
 pub use chatpipe_core::outbox::now;
@@ -43,6 +47,9 @@ pub enum StoreError {
     /// A block stands between the caller and a user this would reach ([`blocks`]).
     #[error("{detail}")]
     Blocked { detail: String },
+    /// The cold tier (Cassandra) did not answer a request that needs it.
+    #[error("the cold tier is unavailable: {0:#}")]
+    ColdUnavailable(anyhow::Error),
     #[error(transparent)]
     Database(#[from] sqlx::Error),
 }

@@ -12,8 +12,9 @@ pub struct Batch {
     pub changes: Vec<Change>,
     /// partition -> the offset to commit once the changes are written.
     pub offsets: HashMap<i32, i64>,
-    /// conversation -> its highest `message.new` seq in the batch.
-    pub archived: HashMap<i64, i64>,
+    /// conversation -> its highest `message.new` seq in the batch, and the earliest
+    /// `createdAt` (µs) among them: when the first of them may leave PostgreSQL.
+    pub archived: HashMap<i64, (i64, i64)>,
     opened_at: Option<Instant>,
 }
 
@@ -25,11 +26,18 @@ impl Batch {
         *next = (*next).max(offset + 1);
         if let Some(change) = change {
             if let Change::New {
-                conversation, seq, ..
+                conversation,
+                seq,
+                created_at,
+                ..
             } = change
             {
-                let top = self.archived.entry(conversation).or_insert(seq);
+                let (top, first) = self
+                    .archived
+                    .entry(conversation)
+                    .or_insert((seq, created_at));
                 *top = (*top).max(seq);
+                *first = (*first).min(created_at);
             }
             self.changes.push(change);
         }
@@ -85,7 +93,8 @@ mod tests {
         batch.add(3, 4, Some(new(8, 5)), now);
         batch.add(0, 12, Some(new(7, 2)), now);
         assert_eq!(batch.changes.len(), 3);
-        assert_eq!(batch.archived, HashMap::from([(7, 2), (8, 5)]));
+        // created_at is the seq in these changes.
+        assert_eq!(batch.archived, HashMap::from([(7, (2, 1)), (8, (5, 5))]));
         let mut offsets = batch.done();
         offsets.sort();
         assert_eq!(offsets, vec![(0, 13), (3, 5)]);

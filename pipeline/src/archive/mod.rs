@@ -14,12 +14,13 @@
 //! Undecodable records go to `chat.events.dlq`, as for every processor.
 
 pub mod batch;
+pub mod retention;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use chatpipe_core::cold::{Change, Cold};
+use chatpipe_core::cold::{Change, Cold, ColdTier, Schema};
 use chatpipe_runtime::CancellationToken;
 use chatpipe_runtime::{
     Failure, Position, Processor, ReaderHealth, ReaderSpec, Readiness, Supervisor,
@@ -32,12 +33,17 @@ use tokio::runtime::Handle;
 use crate::settings::{ArchiveSettings, Settings};
 use batch::Batch;
 
-/// Records, per conversation, the highest seq whose message is in Cassandra. It never
-/// moves back (a replayed batch records what was recorded before).
-pub const PROGRESS_SQL: &str = "INSERT INTO message_archive AS a (conversation_id, archived_seq)
-     SELECT * FROM unnest($1::BIGINT[], $2::BIGINT[])
+/// Records, per conversation, the highest seq whose message is in Cassandra (it never
+/// moves back: a replayed batch records what was recorded before), and, if nothing was
+/// waiting to leave PostgreSQL, when the first of these may (`createdAt` + $4 seconds).
+pub const PROGRESS_SQL: &str =
+    "INSERT INTO message_archive AS a (conversation_id, archived_seq, next_due_at)
+     SELECT c, s, to_timestamp(f / 1e6) + make_interval(secs => $4)
+       FROM unnest($1::BIGINT[], $2::BIGINT[], $3::BIGINT[]) AS t(c, s, f)
      ON CONFLICT (conversation_id) DO UPDATE
-        SET archived_seq = greatest(a.archived_seq, excluded.archived_seq), archived_at = now()";
+        SET archived_seq = greatest(a.archived_seq, excluded.archived_seq),
+            archived_at = now(),
+            next_due_at = coalesce(a.next_due_at, excluded.next_due_at)";
 
 pub struct Archiver {
     handle: Handle,
@@ -86,6 +92,7 @@ async fn write_batch(
     batch: &Batch,
     concurrency: usize,
 ) -> anyhow::Result<()> {
+    let hot_retention_s = cold.settings().hot_retention_s;
     stream::iter(batch.changes.iter().map(|change| cold.write(change)))
         .buffer_unordered(concurrency.max(1))
         .try_collect::<()>()
@@ -94,10 +101,18 @@ async fn write_batch(
     if batch.archived.is_empty() {
         return Ok(());
     }
-    let (conversations, seqs): (Vec<i64>, Vec<i64>) = batch.archived.iter().unzip();
+    let mut conversations = Vec::with_capacity(batch.archived.len());
+    let (mut seqs, mut firsts) = (conversations.clone(), conversations.clone());
+    for (&conversation, &(seq, first)) in &batch.archived {
+        conversations.push(conversation);
+        seqs.push(seq);
+        firsts.push(first);
+    }
     sqlx::query(PROGRESS_SQL)
         .bind(conversations)
         .bind(seqs)
+        .bind(firsts)
+        .bind(hot_retention_s as f64)
         .execute(pool)
         .await
         .context("recording the archive's progress in PostgreSQL")?;
@@ -143,8 +158,19 @@ impl Processor for Archiver {
     }
 }
 
-/// Adds `archive.concurrency` readers of chat.events (one group) to `supervisor`.
-pub fn spawn(settings: &Settings, supervisor: &mut Supervisor, readiness: &Readiness) {
+/// Adds `archive.concurrency` readers of chat.events (one group) and the retention
+/// step to `supervisor`.
+pub fn spawn(
+    settings: &Settings,
+    supervisor: &mut Supervisor,
+    readiness: &Readiness,
+) -> anyhow::Result<()> {
+    let pool = settings.database.connect_lazy()?;
+    let cold = ColdTier::new(&settings.storage, Schema::Make);
+    supervisor.spawn_async(
+        "archive-retention",
+        retention::run(pool, cold, settings.archive.clone(), supervisor.stop()),
+    );
     for i in 0..settings.archive.concurrency {
         let name = format!("archive-{i}");
         let health = readiness.reader(&name, "archive", settings.readers.stall_after());
@@ -153,6 +179,7 @@ pub fn spawn(settings: &Settings, supervisor: &mut Supervisor, readiness: &Readi
             run_one(&settings, &name, &stop, health)
         });
     }
+    Ok(())
 }
 
 fn run_one(
@@ -164,7 +191,7 @@ fn run_one(
     let cfg = &settings.archive;
     let thread = settings.reader_thread(health)?;
     let Some((cold, pool)) = thread.start(stop, name, || async {
-        let cold = Cold::open(&settings.storage).await?;
+        let cold = Cold::open(&settings.storage, Schema::Make).await?;
         let pool = settings.database.connect().await?;
         anyhow::Ok((cold, pool))
     }) else {
