@@ -33,13 +33,22 @@ pub struct HotRow {
     pub edited_at: Option<i64>,
     pub deleted_at: Option<i64>,
     pub deleted_by: Option<i64>,
-    /// Old enough to leave (`created_at` before now minus the hot retention).
+    /// Old enough to leave: its latest version (created, edited or deleted) is older than
+    /// the hot retention. A change stays in PostgreSQL that long, so `/sync` (whose
+    /// changes are read there) reports it to a client whose cursor is younger.
     pub old_enough: bool,
     /// The transaction that last changed it, as text.
     pub changed_xid: String,
 }
 
 impl HotRow {
+    /// The time of its latest version (µs).
+    pub fn changed_at(&self) -> i64 {
+        self.deleted_at
+            .or(self.edited_at)
+            .unwrap_or(self.created_at)
+    }
+
     /// Cassandra's copy holds exactly this version.
     pub fn equals(&self, cold: &ColdRow) -> bool {
         let (seq, sender, client_msg_id, body, created_at, edited_at, deleted_at, deleted_by) =
@@ -60,12 +69,27 @@ impl HotRow {
 pub enum Next {
     /// Nothing archived is left in PostgreSQL: when the archiver writes more.
     Idle,
-    /// The first waiting row becomes old enough at this time (µs).
+    /// A row becomes old enough at this time (µs).
     At(i64),
     /// A row differs from Cassandra's copy (its change is not archived yet): soon.
     Retry,
     /// The sweep stopped at its batch size: at once.
     Now,
+}
+
+impl Next {
+    /// The sooner of two (a retry counts as sooner than a row's time: it looks again
+    /// within `archive.retention_retry_ms` and finds that row then).
+    fn sooner(self, other: Self) -> Self {
+        use Next::*;
+        match (self, other) {
+            (Now, _) | (_, Now) => Now,
+            (Retry, _) | (_, Retry) => Retry,
+            (At(a), At(b)) => At(a.min(b)),
+            (At(a), Idle) | (Idle, At(a)) => At(a),
+            (Idle, Idle) => Idle,
+        }
+    }
 }
 
 /// What one sweep of one conversation does.
@@ -95,26 +119,28 @@ pub fn plan(
         differs: 0,
     };
     let same = |row: &HotRow| cold.get(&row.seq).is_some_and(|c| row.equals(c));
-    let mut waiting = rows.iter().filter(|r| r.seq > cold_through).peekable();
-    // Rows an edit or delete brought back: they leave once Cassandra has their change.
+    let young = |row: &HotRow| Next::At(row.changed_at() + hot_retention_us);
+    // Rows an edit or delete brought back: they leave once their change is old enough
+    // and Cassandra has it.
     for row in rows.iter().filter(|r| r.seq <= cold_through) {
-        if same(row) {
+        if !row.old_enough {
+            sweep.next = sweep.next.sooner(young(row));
+        } else if same(row) {
             sweep.delete.push((row.seq, row.changed_xid.clone()));
         } else {
             sweep.differs += 1;
-            sweep.next = Next::Retry;
+            sweep.next = sweep.next.sooner(Next::Retry);
         }
     }
+    let mut waiting = rows.iter().filter(|r| r.seq > cold_through).peekable();
     while let Some(row) = waiting.next_if(|r| r.seq == sweep.cold_through + 1) {
         if !row.old_enough {
-            if sweep.next != Next::Retry {
-                sweep.next = Next::At(row.created_at + hot_retention_us);
-            }
+            sweep.next = sweep.next.sooner(young(row));
             return sweep;
         }
         if !same(row) {
             sweep.differs += 1;
-            sweep.next = Next::Retry;
+            sweep.next = sweep.next.sooner(Next::Retry);
             return sweep;
         }
         sweep.delete.push((row.seq, row.changed_xid.clone()));
@@ -122,7 +148,7 @@ pub fn plan(
     }
     if waiting.peek().is_some() {
         // A seq missing between cold_through and the archived seq: not ours to judge.
-        sweep.next = Next::Retry;
+        sweep.next = sweep.next.sooner(Next::Retry);
     }
     sweep
 }
@@ -134,7 +160,9 @@ const LOCK_SQL: &str = "SELECT cold_through, archived_seq FROM message_archive
       WHERE conversation_id = $1 AND next_due_at <= now() FOR UPDATE SKIP LOCKED";
 
 const ROWS_SQL: &str = "SELECT seq, sender_id, client_msg_id, body, created_at, edited_at,
-            deleted_at, deleted_by, created_at < now() - make_interval(secs => $3) AS old_enough,
+            deleted_at, deleted_by,
+            coalesce(deleted_at, edited_at, created_at) < now() - make_interval(secs => $3)
+              AS old_enough,
             changed_xid::text AS changed_xid
        FROM message WHERE conversation_id = $1 AND seq <= $2 ORDER BY seq LIMIT $4";
 
@@ -368,6 +396,15 @@ mod tests {
         let sweep = plan(8, &rows, &cold, 100, false);
         assert_eq!(sweep.delete.len(), 2);
         assert_eq!((sweep.cold_through, sweep.next), (10, Next::Retry));
+    }
+
+    #[test]
+    fn a_row_brought_back_stays_while_its_change_is_young() {
+        let mut rows = vec![hot(2, false), hot(9, true)];
+        rows[0].edited_at = Some(500);
+        let sweep = plan(8, &rows, &copies(&rows), 100, false);
+        assert_eq!(sweep.delete, vec![(9, "x9".into())]);
+        assert_eq!((sweep.cold_through, sweep.next), (9, Next::At(600)));
     }
 
     #[test]

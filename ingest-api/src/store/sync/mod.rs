@@ -114,6 +114,20 @@ pub static MESSAGES_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(
     )
 });
 
+/// The conversations' `cold_through`, where it is above 0.
+const COLD_THROUGH_SQL: &str = "SELECT conversation_id, cold_through FROM message_archive
+      WHERE conversation_id = ANY($1) AND cold_through > 0";
+
+/// Whether a conversation's changed messages (`got`, newest first) may go on below what
+/// PostgreSQL holds: the walk reached the first message after `cold_through`, or the
+/// newest message itself has left.
+fn reaches_archive(got: &[HistoryMessage], last_seq: i64, cold_through: i64) -> bool {
+    match got.last() {
+        Some(oldest) => oldest.seq == cold_through + 1,
+        None => last_seq <= cold_through,
+    }
+}
+
 #[derive(sqlx::FromRow)]
 struct Row {
     conv: i64,
@@ -265,6 +279,15 @@ async fn members(
         .bind(max_bytes as i64)
         .fetch_all(&mut **tx)
         .await?;
+    // Where each conversation's messages left PostgreSQL (the cold tier): the walk down
+    // from the top stops there, so a conversation whose changes may go on below it says
+    // `hasMore`, and the client pages history, which reads both tiers.
+    let cold_through: HashMap<i64, i64> = sqlx::query_as(COLD_THROUGH_SQL)
+        .bind(&conversations)
+        .fetch_all(&mut **tx)
+        .await?
+        .into_iter()
+        .collect();
     // The conversation the bytes cut, if they did: it ends the answer, unless it is the
     // first, which comes with the messages that fit.
     let mut cut_at = None;
@@ -285,7 +308,10 @@ async fn members(
         }
         // Newest first, one more than asked when there are more.
         let mut got = messages.remove(&state.conversation_id).unwrap_or_default();
-        let has_more = cut || got.len() as i64 > limit;
+        let boundary = cold_through
+            .get(&state.conversation_id)
+            .is_some_and(|&through| reaches_archive(&got, state.last_seq, through));
+        let has_more = cut || got.len() as i64 > limit || boundary;
         got.truncate(limit as usize);
         got.reverse();
         changed.push(Changed {
