@@ -149,6 +149,9 @@ pub struct AuditSettings {
     pub standby_lag_alert_bytes: i64,
     pub standby_lag_alert_ms: u64,
     pub slot_sync_alert_ms: u64,
+    /// The archiver's consumer group; empty: no archiver runs, nothing to watch.
+    pub archive_group: String,
+    pub archive_lag_alert_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]

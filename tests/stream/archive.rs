@@ -6,6 +6,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::time::Duration;
 
 use chatpipe_schemas::ChatEvent;
+use chatpipe_tests::audit::is_firing;
 use chatpipe_tests::cold::{
     archive_group, archived_seq, archiver_process, cassandra_rows, drop_keyspace, session,
     wait_until_archive_equals_postgres, BUCKET_SIZE,
@@ -202,4 +203,69 @@ async fn an_archiver_killed_with_sigkill_mid_stream_ends_equal_to_postgres() {
     restarted.kill().await.unwrap();
     drop_keyspace(&cql, &p.ns).await;
     p.cleanup().await;
+}
+
+/// The auditor watches the archiver from outside: with no archiver running, every record
+/// of the topic is behind (counted against the topic's own end offsets) and the
+/// conversation lacks every message in `message_archive`; `archive_lagging` fires past
+/// its alert time. Once an archiver runs, the lag goes to 0 and the alarm clears.
+#[tokio::test]
+async fn the_auditor_reports_the_archive_lag_per_partition_and_alarms_until_it_is_gone() {
+    let p = spawn_pipeline().await;
+    let cql = session().await;
+    let mut settings = p.audit_settings();
+    settings.audit.archive_group = archive_group(&p);
+    settings.audit.archive_lag_alert_ms = 3000;
+    let audit = p.start_audit(settings).await;
+    let conv = p.app.user(1).create_group(&[2]).await;
+    for i in 1..=5 {
+        p.app.user(1).send_message(conv, &format!("m{i}")).await;
+    }
+    // Everything on the topic (the auditor read the 5 messages), counted by the broker.
+    audit
+        .until(Duration::from_secs(60), "the 5 messages streamed", |r| {
+            r["counts"]["messages"] == 5
+        })
+        .await;
+    let total = chatpipe_tests::stream::end_offsets(&p.topic).await;
+    let report = audit
+        .until(Duration::from_secs(60), "archive_lagging fires", |r| {
+            is_firing(r, "archive_lagging")
+                && behind(r) == total
+                && r["checks"]["archive"]["maxSeqBehind"] == 5
+        })
+        .await;
+    let partitions = report["checks"]["archive"]["partitions"]
+        .as_array()
+        .unwrap();
+    assert_eq!(partitions.len(), 6, "one entry per chat.events partition");
+    assert!(partitions
+        .iter()
+        .any(|p| p["records"].as_i64() > Some(0) && p["oldestMs"].as_u64() >= Some(3000)));
+
+    let mut archiver = archiver_process(&p, &[]);
+    audit
+        .until(
+            Duration::from_secs(60),
+            "the lag gone, the alarm cleared",
+            |r| {
+                !is_firing(r, "archive_lagging")
+                    && behind(r) == 0
+                    && r["checks"]["archive"]["maxSeqBehind"] == 0
+            },
+        )
+        .await;
+    archiver.kill().await.unwrap();
+    audit.stop().await.unwrap();
+    drop_keyspace(&cql, &p.ns).await;
+    p.cleanup().await;
+}
+
+/// Records behind over every partition, as the auditor reports them.
+fn behind(report: &serde_json::Value) -> i64 {
+    report["checks"]["archive"]["partitions"]
+        .as_array()
+        .map_or(-1, |ps| {
+            ps.iter().map(|p| p["records"].as_i64().unwrap()).sum()
+        })
 }

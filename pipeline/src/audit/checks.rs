@@ -81,6 +81,8 @@ pub struct Checker {
     dead_letter_ends: HashMap<String, i64>,
     keeper: Keeper,
     task_moves: TaskMoves,
+    /// The archiver's lag (`audit.archive_group`; `None` when empty).
+    archive: Option<Arc<super::archive::Watch>>,
 }
 
 impl Checker {
@@ -118,6 +120,10 @@ impl Checker {
                 Duration::from_millis(settings.audit.connector_restart_max_backoff_ms),
             ),
             task_moves: TaskMoves::default(),
+            archive: (!settings.audit.archive_group.is_empty())
+                .then(|| super::archive::Watch::new(&settings.kafka.client(), &settings.audit))
+                .transpose()?
+                .map(Arc::new),
         })
     }
 
@@ -170,6 +176,11 @@ impl Checker {
             }
         );
         self.topology = topology;
+        let sampled = cdc
+            .as_ref()
+            .map(|r| r.in_postgres.clone())
+            .unwrap_or_default();
+        let archive = self.archive_lag(&sampled).await;
         let cdc = cdc.and_then(|read| self.cdc(read, now));
         let probes = self.probes(answers, now);
         let mut connector = connector;
@@ -203,7 +214,29 @@ impl Checker {
             replication,
             outbox,
             nodes,
+            archive,
         }
+    }
+
+    /// The archiver's lag (`None`: no archiver is watched, or Kafka or PostgreSQL did not
+    /// answer, which their own checks report).
+    async fn archive_lag(&self, sampled: &[(i64, i64)]) -> Option<super::archive::ArchiveLag> {
+        let watch = self.archive.clone()?;
+        let timeout = Duration::from_millis(self.cfg.probe_timeout_ms);
+        let partitions = tokio::task::spawn_blocking(move || watch.read(timeout))
+            .await
+            .ok()?
+            .map_err(|e| tracing::warn!("reading the archiver's lag: {e:#}"))
+            .ok()?;
+        let (conversations_behind, max_seq_behind) =
+            super::archive::read_sample(&self.pool, sampled)
+                .await
+                .ok()?;
+        Some(super::archive::ArchiveLag {
+            partitions,
+            conversations_behind,
+            max_seq_behind,
+        })
     }
 
     /// What is left in the outbox (`None`: rows are not kept, or PostgreSQL did not

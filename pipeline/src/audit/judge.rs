@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use super::alarm;
 use super::alarms::Alarms;
+use super::archive::ArchiveLag;
 use super::cluster::Replication;
 use super::outbox::Backlog;
 use super::readings::{Cdc, Connector, Latest, Probe, Slot};
@@ -30,6 +31,7 @@ pub struct Readings {
     pub replication: Option<Replication>,
     pub outbox: Option<Backlog>,
     pub nodes: Option<TopologyReport>,
+    pub archive: Option<ArchiveLag>,
 }
 
 /// What judging remembers from one round to the next.
@@ -61,6 +63,7 @@ pub fn evaluate(
         replication,
         outbox,
         nodes,
+        archive,
     } = readings;
     let mut judge = Judge { cfg, alarms, now };
     let cdc = judge.postgres(cdc, &slot);
@@ -77,6 +80,9 @@ pub fn evaluate(
     if let Some(backlog) = &outbox {
         backlog.judge(cfg, alarms, now);
     }
+    if let Some(lag) = &archive {
+        lag.judge(cfg, alarms, now);
+    }
     if let (Some(t), Some(report)) = (memory.topology.as_deref_mut(), &nodes) {
         t.judge(report, cfg, alarms, now);
     }
@@ -91,6 +97,7 @@ pub fn evaluate(
         replication,
         outbox,
         topology: nodes,
+        archive,
     }
 }
 
@@ -321,6 +328,7 @@ mod evaluate_tests {
             replication: Some(Replication::default()),
             outbox: None,
             nodes: None,
+            archive: None,
         }
     }
 
@@ -382,6 +390,40 @@ mod evaluate_tests {
         judge.round(hold, inactive());
         assert_eq!(judge.firing(), vec![alarm::SLOT_INACTIVE]);
         judge.round(hold + 1, healthy());
+        assert_eq!(judge.firing(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn an_archiver_behind_for_its_alert_time_fires_and_clears_when_it_catches_up() {
+        use super::super::archive::{ArchiveLag, PartitionLag};
+        let mut judge = Judge::new();
+        let alert = judge.cfg.archive_lag_alert_ms;
+        let behind = |oldest_ms| {
+            let mut r = healthy();
+            r.archive = Some(ArchiveLag {
+                partitions: vec![
+                    PartitionLag {
+                        partition: 0,
+                        records: 0,
+                        oldest_ms: 0,
+                    },
+                    PartitionLag {
+                        partition: 3,
+                        records: 40,
+                        oldest_ms,
+                    },
+                ],
+                conversations_behind: 2,
+                max_seq_behind: 25,
+            });
+            r
+        };
+        judge.round(0, behind(alert - 1));
+        assert!(!judge.alarms.is_firing(alarm::ARCHIVE_LAGGING));
+        let latest = judge.round(1, behind(alert));
+        assert_eq!(judge.firing(), vec![alarm::ARCHIVE_LAGGING]);
+        assert_eq!(latest.archive.unwrap().partitions[1].records, 40);
+        judge.round(2, behind(0));
         assert_eq!(judge.firing(), Vec::<String>::new());
     }
 

@@ -16,6 +16,7 @@
 //! (JSON, [`report`]), next to `/metrics`, `/healthz` and `/readyz`.
 
 pub mod alarms;
+pub mod archive;
 pub mod checks;
 pub mod cluster;
 pub mod judge;
@@ -65,6 +66,7 @@ pub mod alarm {
     pub const STANDBY_LAG: &str = "standby_lag";
     pub const SLOT_NOT_SYNCED: &str = "slot_not_synced";
     pub const TIMELINE_CHANGED: &str = "timeline_changed";
+    pub const ARCHIVE_LAGGING: &str = "archive_lagging";
 }
 
 /// What the events reader has counted since the auditor started.

@@ -30,6 +30,8 @@ pub struct Latest {
     pub outbox: Option<Backlog>,
     /// The primary and its standbys (`audit.postgres_nodes`).
     pub topology: Option<TopologyReport>,
+    /// The archiver's lag (`audit.archive_group`).
+    pub archive: Option<super::archive::ArchiveLag>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
