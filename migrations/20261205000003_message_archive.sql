@@ -25,7 +25,10 @@ CREATE TABLE message_archive (
     -- message's createdAt plus storage.hot_retention (set by the archiver when something
     -- starts waiting, by the retention step after a sweep), now() for a message an edit
     -- or delete brought back; NULL: nothing to move.
-    next_due_at     TIMESTAMPTZ
+    next_due_at     TIMESTAMPTZ,
+    -- The newest changed_xid among the rows the retention step moved out: a /sync cursor
+    -- that did not see it may lack a change PostgreSQL no longer holds, and is stale.
+    moved_xid       xid8
 );
 
 -- The retention step's one question: which conversations are due.

@@ -130,9 +130,9 @@ async fn the_archive_equals_postgres_row_by_row_and_a_full_replay_changes_nothin
     p.cleanup().await;
 }
 
-/// Killed with SIGKILL while messages flow (and are deleted), the archiver starts again
-/// from its last committed offsets: the archive ends equal to PostgreSQL's history in
-/// every conversation, row by row.
+/// Two archivers in one group; one killed with SIGKILL while messages flow (and are
+/// deleted), then started again from the group's committed offsets: the archive ends
+/// equal to PostgreSQL's history in every conversation, row by row.
 #[tokio::test]
 async fn an_archiver_killed_with_sigkill_mid_stream_ends_equal_to_postgres() {
     let p = spawn_pipeline().await;
@@ -147,7 +147,9 @@ async fn an_archiver_killed_with_sigkill_mid_stream_ends_equal_to_postgres() {
         ("CHATPIPE_ARCHIVE__MAX_BATCH", "8"),
         ("CHATPIPE_READERS__COMMIT_INTERVAL_MS", "3000"),
     ];
+    // Two-wide, as it runs: one of the two is killed and started again.
     let mut doomed = archiver_process(&p, &small);
+    let mut other = archiver_process(&p, &small);
     let sender = {
         let (base, http) = (p.app.base.clone(), p.app.http.clone());
         let token = p.app.token(1);
@@ -201,6 +203,7 @@ async fn an_archiver_killed_with_sigkill_mid_stream_ends_equal_to_postgres() {
         "the kill fell mid-stream (at seq {at_kill} of 60)"
     );
     restarted.kill().await.unwrap();
+    other.kill().await.unwrap();
     drop_keyspace(&cql, &p.ns).await;
     p.cleanup().await;
 }

@@ -113,26 +113,16 @@ impl Cold {
                   WHERE conversation_id = ? AND bucket = ? AND seq = ?"
             ))
             .await?;
-        let select_range = session
-            .prepare(format!(
+        // One bucket's rows with `? <= seq <= ?`, all of them or the first `?` from an end.
+        let select = |tail: &str| {
+            session.prepare(format!(
                 "SELECT {COLUMNS} FROM {ks}.message
-                  WHERE conversation_id = ? AND bucket = ? AND seq >= ? AND seq <= ?"
+                  WHERE conversation_id = ? AND bucket = ? AND seq >= ? AND seq <= ? {tail}"
             ))
-            .await?;
-        let select_newest = session
-            .prepare(format!(
-                "SELECT {COLUMNS} FROM {ks}.message
-                  WHERE conversation_id = ? AND bucket = ? AND seq >= ? AND seq <= ?
-                  ORDER BY seq DESC LIMIT ?"
-            ))
-            .await?;
-        let select_oldest = session
-            .prepare(format!(
-                "SELECT {COLUMNS} FROM {ks}.message
-                  WHERE conversation_id = ? AND bucket = ? AND seq >= ? AND seq <= ?
-                  ORDER BY seq ASC LIMIT ?"
-            ))
-            .await?;
+        };
+        let select_range = select("").await?;
+        let select_newest = select("ORDER BY seq DESC LIMIT ?").await?;
+        let select_oldest = select("ORDER BY seq ASC LIMIT ?").await?;
         Ok(Self {
             session,
             settings: settings.clone(),

@@ -29,7 +29,7 @@ pub struct SyncQuery {
     params(SyncQuery),
     responses(
         (status = 200, description = "The changed conversations and a new cursor", body = crate::store::sync::SyncPage),
-        (status = 409, description = "`/problems/cursor-stale`: the cursor is of another history of the database (a failover, a restore, another deployment); sync again without `since`", body = crate::openapi::ProblemBody, content_type = "application/problem+json"),
+        (status = 409, description = "`/problems/cursor-stale`: the cursor is of another history of the database (a failover, a restore, another deployment), or older than the hot window with changes since then archived; sync again without `since`", body = crate::openapi::ProblemBody, content_type = "application/problem+json"),
         crate::openapi::Common
     )
 )]

@@ -169,7 +169,9 @@ const ROWS_SQL: &str = "SELECT seq, sender_id, client_msg_id, body, created_at, 
 const DELETE_SQL: &str = "DELETE FROM message WHERE conversation_id = $1
         AND (seq, changed_xid::text) IN (SELECT * FROM unnest($2::BIGINT[], $3::TEXT[]))";
 
-const MOVE_SQL: &str = "UPDATE message_archive SET cold_through = $2, next_due_at = $3
+/// Also records the newest change moved out (`$4`, a changed_xid), for `/sync`.
+const MOVE_SQL: &str = "UPDATE message_archive SET cold_through = $2, next_due_at = $3,
+            moved_xid = greatest(moved_xid, $4::text::xid8)
       WHERE conversation_id = $1";
 
 type RowTuple = (
@@ -297,10 +299,12 @@ async fn sweep(
         Next::Retry => Some(Utc::now() + Duration::from_millis(cfg.retention_retry_ms)),
         Next::At(us) => DateTime::from_timestamp_micros(us),
     };
+    let newest_moved = xids.iter().filter_map(|x| x.parse::<u64>().ok()).max();
     sqlx::query(MOVE_SQL)
         .bind(conversation)
         .bind(sweep.cold_through)
         .bind(next_due)
+        .bind(newest_moved.map(|x| x.to_string()))
         .execute(&mut *tx)
         .await?;
     tx.commit().await?;

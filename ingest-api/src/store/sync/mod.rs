@@ -114,19 +114,11 @@ pub static MESSAGES_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(
     )
 });
 
-/// The conversations' `cold_through`, where it is above 0.
-const COLD_THROUGH_SQL: &str = "SELECT conversation_id, cold_through FROM message_archive
-      WHERE conversation_id = ANY($1) AND cold_through > 0";
-
-/// Whether a conversation's changed messages (`got`, newest first) may go on below what
-/// PostgreSQL holds: the walk reached the first message after `cold_through`, or the
-/// newest message itself has left.
-fn reaches_archive(got: &[HistoryMessage], last_seq: i64, cold_through: i64) -> bool {
-    match got.last() {
-        Some(oldest) => oldest.seq == cold_through + 1,
-        None => last_seq <= cold_through,
-    }
-}
+/// Whether any of the conversations `$1` had a row moved to the cold tier whose last
+/// change the cursor `$2` did not see.
+const MOVED_UNSEEN_SQL: &str =
+    "SELECT coalesce(bool_or(chat_changed_since(moved_xid, $2::pg_snapshot)), false)
+       FROM message_archive WHERE conversation_id = ANY($1)";
 
 #[derive(sqlx::FromRow)]
 struct Row {
@@ -279,15 +271,21 @@ async fn members(
         .bind(max_bytes as i64)
         .fetch_all(&mut **tx)
         .await?;
-    // Where each conversation's messages left PostgreSQL (the cold tier): the walk down
-    // from the top stops there, so a conversation whose changes may go on below it says
-    // `hasMore`, and the client pages history, which reads both tiers.
-    let cold_through: HashMap<i64, i64> = sqlx::query_as(COLD_THROUGH_SQL)
+    // A change the cursor has not seen may have left PostgreSQL for the cold tier (the
+    // client was away longer than the hot window): the cursor is stale.
+    let moved_unseen: bool = sqlx::query_scalar(MOVED_UNSEEN_SQL)
         .bind(&conversations)
-        .fetch_all(&mut **tx)
-        .await?
-        .into_iter()
-        .collect();
+        .bind(since)
+        .fetch_one(&mut **tx)
+        .await?;
+    if moved_unseen {
+        metrics::counter!("sync_requests_total", "kind" => "stale").increment(1);
+        return Err(StoreError::conflict(
+            "cursor-stale",
+            "the cursor is older than the hot window: changes it has not seen are archived \
+             (storage.hot_retention_s); sync again without since",
+        ));
+    }
     // The conversation the bytes cut, if they did: it ends the answer, unless it is the
     // first, which comes with the messages that fit.
     let mut cut_at = None;
@@ -308,10 +306,7 @@ async fn members(
         }
         // Newest first, one more than asked when there are more.
         let mut got = messages.remove(&state.conversation_id).unwrap_or_default();
-        let boundary = cold_through
-            .get(&state.conversation_id)
-            .is_some_and(|&through| reaches_archive(&got, state.last_seq, through));
-        let has_more = cut || got.len() as i64 > limit || boundary;
+        let has_more = cut || got.len() as i64 > limit;
         got.truncate(limit as usize);
         got.reverse();
         changed.push(Changed {
