@@ -86,7 +86,7 @@ pub const METRICS: &[Entry] = &[
     ("archive_retention_failures_total", Counter, "Retention rounds that failed (PostgreSQL or Cassandra unavailable); tried again at the next interval."),
     ("audit_archive_lag_records", Gauge, "Records of chat.events after the archiver group's committed offset, by partition (audit.archive_group)."),
     ("audit_archive_lag_seconds", Gauge, "Age of the oldest chat.events record the archiver has not committed, by partition (alarm archive_lagging)."),
-    ("audit_archive_seq_behind", Gauge, "The most messages one of the recently streamed conversations (audit.cdc_sample) has that message_archive does not count as archived."),
+    ("audit_archive_seq_behind", Gauge, "The most messages one of the recently streamed conversations (audit.cdc_sample) has that message_archive does not count as archived, by chat.events partition."),
     ("archive_write_failures_total", Counter, "Batches that failed to write (Cassandra or PostgreSQL unavailable or timing out); each is retried whole, the reader holding its position."),
     // pipeline fanout.
     ("fanout_events_total", Counter, "Events of chat.events joined with members and presence, by type."),

@@ -149,6 +149,60 @@ pub fn consumer_config(brokers: &str, group: &str) -> ClientConfig {
     config
 }
 
+/// The partition Kafka's default partitioner (and ours, `murmur2_random`) gives a keyed
+/// record: `murmur2(key) & 0x7fffffff` modulo the partitions, murmur2 as Kafka's
+/// `Utils.murmur2` (seed 0x9747b28c).
+pub fn partition_of(key: &[u8], partitions: i32) -> i32 {
+    ((murmur2(key) & 0x7fff_ffff) % partitions.max(1) as u32) as i32
+}
+
+fn murmur2(data: &[u8]) -> u32 {
+    const M: u32 = 0x5bd1_e995;
+    let mut h: u32 = 0x9747_b28c ^ data.len() as u32;
+    let mut chunks = data.chunks_exact(4);
+    for c in &mut chunks {
+        let mut k = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        k = k.wrapping_mul(M);
+        k ^= k >> 24;
+        k = k.wrapping_mul(M);
+        h = h.wrapping_mul(M) ^ k;
+    }
+    let rest = chunks.remainder();
+    if !rest.is_empty() {
+        for (i, &b) in rest.iter().enumerate().rev() {
+            h ^= u32::from(b) << (8 * i);
+        }
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^ (h >> 15)
+}
+
+#[cfg(test)]
+mod partition_tests {
+    use super::{murmur2, partition_of};
+
+    #[test]
+    fn keys_hash_as_kafka_hashes_them() {
+        // Kafka's own vectors (UtilsTest.testMurmur2).
+        for (key, hash) in [
+            ("21", -973932308),
+            ("foobar", -790332482),
+            ("a-little-bit-long-string", -985981536),
+            ("a-little-bit-longer-string", -1486304829),
+            (
+                "lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8",
+                -58897971,
+            ),
+            ("abc", 479470107),
+        ] {
+            assert_eq!(murmur2(key.as_bytes()) as i32, hash, "{key}");
+        }
+        assert_eq!(partition_of(b"21", 6), (-973932308i32 & 0x7fff_ffff) % 6);
+    }
+}
+
 #[cfg(test)]
 mod properties_tests {
     use super::Properties;

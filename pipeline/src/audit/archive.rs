@@ -2,7 +2,8 @@
 //! how many records the archiver's group (`audit.archive_group`) has not committed, and
 //! how old the oldest of them is (the record at its committed offset, read by a consumer
 //! of the auditor's own); and, from PostgreSQL, how many messages the conversations the
-//! auditor streamed most recently have that `message_archive` does not count as archived.
+//! auditor streamed most recently have that `message_archive` does not count as archived,
+//! the most per partition.
 //! `archive_lagging` fires when a partition's oldest unarchived record is older than
 //! `audit.archive_lag_alert_ms`: the retention step then holds more rows in PostgreSQL
 //! than the hot window (nothing is lost; the archiver catches up).
@@ -38,6 +39,9 @@ pub struct PartitionLag {
     pub records: i64,
     /// Age of the oldest of them (0: none).
     pub oldest_ms: u64,
+    /// The most messages one sampled conversation of this partition lacks in
+    /// `message_archive` (its `last_seq` minus its archived seq).
+    pub seq_behind: i64,
 }
 
 /// The two consumers the reading takes, made once.
@@ -100,6 +104,7 @@ impl Watch {
                 partition: p,
                 records,
                 oldest_ms,
+                seq_behind: 0,
             });
         }
         Ok(lags)
@@ -129,15 +134,15 @@ fn first_timestamp(
     None
 }
 
-/// (conversations behind, the most seqs one lacks) among `conversations` with their
-/// `last_seq` in PostgreSQL.
+/// The conversations among `conversations` (with their `last_seq` in PostgreSQL) that
+/// have messages not archived, and how many each lacks.
 pub async fn read_sample(
     pool: &PgPool,
     conversations: &[(i64, i64)],
-) -> Result<(usize, i64), sqlx::Error> {
+) -> Result<Vec<(i64, i64)>, sqlx::Error> {
     let (ids, last): (Vec<i64>, Vec<i64>) = conversations.iter().copied().unzip();
-    let behind: Vec<i64> = sqlx::query_scalar(
-        "SELECT t.last - coalesce(a.archived_seq, 0)
+    sqlx::query_as(
+        "SELECT t.id, t.last - coalesce(a.archived_seq, 0)
            FROM unnest($1::BIGINT[], $2::BIGINT[]) AS t(id, last)
            LEFT JOIN message_archive a ON a.conversation_id = t.id
           WHERE t.last > coalesce(a.archived_seq, 0)",
@@ -145,8 +150,27 @@ pub async fn read_sample(
     .bind(ids)
     .bind(last)
     .fetch_all(pool)
-    .await?;
-    Ok((behind.len(), behind.iter().copied().max().unwrap_or(0)))
+    .await
+}
+
+impl ArchiveLag {
+    /// The lag of `partitions`, with the sampled conversations' `behind` put on the
+    /// partition of `chat.events` their records go to (the key's murmur2, as Debezium's
+    /// producer partitions).
+    pub fn of(mut partitions: Vec<PartitionLag>, behind: &[(i64, i64)]) -> Self {
+        let n = partitions.len() as i32;
+        for &(conversation, seqs) in behind {
+            let p = chatpipe_core::kafka::partition_of(conversation.to_string().as_bytes(), n);
+            if let Some(lag) = partitions.iter_mut().find(|l| l.partition == p) {
+                lag.seq_behind = lag.seq_behind.max(seqs);
+            }
+        }
+        Self {
+            partitions,
+            conversations_behind: behind.len(),
+            max_seq_behind: behind.iter().map(|&(_, s)| s).max().unwrap_or(0),
+        }
+    }
 }
 
 impl ArchiveLag {
@@ -171,9 +195,10 @@ impl ArchiveLag {
             let partition = p.partition.to_string();
             metrics::gauge!("audit_archive_lag_records", "partition" => partition.clone())
                 .set(p.records as f64);
-            metrics::gauge!("audit_archive_lag_seconds", "partition" => partition)
+            metrics::gauge!("audit_archive_lag_seconds", "partition" => partition.clone())
                 .set(p.oldest_ms as f64 / 1e3);
+            metrics::gauge!("audit_archive_seq_behind", "partition" => partition)
+                .set(p.seq_behind as f64);
         }
-        metrics::gauge!("audit_archive_seq_behind").set(self.max_seq_behind as f64);
     }
 }

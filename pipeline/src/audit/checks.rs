@@ -228,15 +228,10 @@ impl Checker {
             .ok()?
             .map_err(|e| tracing::warn!("reading the archiver's lag: {e:#}"))
             .ok()?;
-        let (conversations_behind, max_seq_behind) =
-            super::archive::read_sample(&self.pool, sampled)
-                .await
-                .ok()?;
-        Some(super::archive::ArchiveLag {
-            partitions,
-            conversations_behind,
-            max_seq_behind,
-        })
+        let behind = super::archive::read_sample(&self.pool, sampled)
+            .await
+            .ok()?;
+        Some(super::archive::ArchiveLag::of(partitions, &behind))
     }
 
     /// What is left in the outbox (`None`: rows are not kept, or PostgreSQL did not

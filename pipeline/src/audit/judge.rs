@@ -400,29 +400,31 @@ mod evaluate_tests {
         let alert = judge.cfg.archive_lag_alert_ms;
         let behind = |oldest_ms| {
             let mut r = healthy();
-            r.archive = Some(ArchiveLag {
-                partitions: vec![
-                    PartitionLag {
-                        partition: 0,
-                        records: 0,
-                        oldest_ms: 0,
-                    },
-                    PartitionLag {
-                        partition: 3,
-                        records: 40,
-                        oldest_ms,
-                    },
-                ],
-                conversations_behind: 2,
-                max_seq_behind: 25,
-            });
+            let lag = |partition, records, oldest_ms| PartitionLag {
+                partition,
+                records,
+                oldest_ms,
+                seq_behind: 0,
+            };
+            // Conversation 21's key hashes to partition 0 of 6 (Kafka's murmur2).
+            r.archive = Some(ArchiveLag::of(
+                vec![lag(0, 0, 0), lag(3, 40, oldest_ms)],
+                &[(21, 25)],
+            ));
             r
         };
         judge.round(0, behind(alert - 1));
         assert!(!judge.alarms.is_firing(alarm::ARCHIVE_LAGGING));
         let latest = judge.round(1, behind(alert));
         assert_eq!(judge.firing(), vec![alarm::ARCHIVE_LAGGING]);
-        assert_eq!(latest.archive.unwrap().partitions[1].records, 40);
+        let archive = latest.archive.unwrap();
+        assert_eq!(archive.partitions[1].records, 40);
+        assert_eq!(archive.partitions[0].seq_behind, 25);
+        assert_eq!(archive.partitions[1].seq_behind, 0);
+        assert_eq!(
+            (archive.conversations_behind, archive.max_seq_behind),
+            (1, 25)
+        );
         judge.round(2, behind(0));
         assert_eq!(judge.firing(), Vec::<String>::new());
     }
