@@ -166,7 +166,8 @@ pub fn spawn(
     readiness: &Readiness,
 ) -> anyhow::Result<()> {
     let pool = settings.database.connect_lazy()?;
-    let cold = ColdTier::new(&settings.storage, Schema::Make);
+    // The readers make the schema; a conversation is due only once one of them archived.
+    let cold = ColdTier::new(&settings.storage, Schema::Expect);
     supervisor.spawn_async(
         "archive-retention",
         retention::run(pool, cold, settings.archive.clone(), supervisor.stop()),
