@@ -4,7 +4,8 @@
 //! client pulls the rest over REST.
 
 use chatpipe_schemas::delivery::{
-    Delivery, DELIVERY_UPDATED, MESSAGE_DELETED, MESSAGE_EDITED, MESSAGE_NEW, READ_UPDATED, TYPING,
+    Delivery, DELIVERY_UPDATED, MENTION, MESSAGE_DELETED, MESSAGE_EDITED, MESSAGE_NEW,
+    REACTION_ADDED, REACTION_REMOVED, READ_UPDATED, TYPING,
 };
 use chatpipe_schemas::{ConversationId, Seq, UserId, Watermark};
 use serde::Serialize;
@@ -23,6 +24,13 @@ pub enum Frame {
     ReadUpdated(Pushed<ReadUpdated, LightRead>),
     #[serde(rename = "delivery.updated")]
     DeliveryUpdated(Pushed<DeliveryUpdated, LightDelivered>),
+    /// A large group's message names this user (its `message.new` was light).
+    #[serde(rename = "mention")]
+    Mention(MessageRef),
+    #[serde(rename = "reaction.added")]
+    ReactionAdded(Reaction),
+    #[serde(rename = "reaction.removed")]
+    ReactionRemoved(Reaction),
     /// Someone else in the conversation is typing: show it until 6 s after the last one.
     #[serde(rename = "typing")]
     Typing(Typing),
@@ -61,6 +69,9 @@ pub struct MessageNew {
     /// From fanouts that write it (delivery.avsc v5).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client_msg_id: Option<uuid::Uuid>,
+    /// The members it names; absent if none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mentions: Vec<UserId>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -72,6 +83,8 @@ pub struct MessageEdited {
     pub body: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub edited_at: Option<String>,
+    /// The members it names after the edit (empty: nobody any more).
+    pub mentions: Vec<UserId>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -129,6 +142,22 @@ pub struct LightDelivered {
     pub light: bool,
 }
 
+/// A member added or took back a reaction; `count` is how many hold it now (0: drop it).
+/// Large groups: coalesced per message and key between two fanout ticks, without
+/// `userId`, `light` (the reactor's own devices get theirs in full at once).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Reaction {
+    pub conversation_id: ConversationId,
+    pub seq: Option<Seq>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user_id: Option<UserId>,
+    pub key: Option<String>,
+    pub count: Option<i64>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub light: bool,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Typing {
@@ -157,11 +186,13 @@ impl Frame {
                 body: d.body.clone(),
                 created_at: at,
                 client_msg_id: d.client_msg_id,
+                mentions: d.mentions.clone(),
             })),
             MESSAGE_EDITED => Self::MessageEdited(Pushed::Full(MessageEdited {
                 message,
                 body: d.body.clone(),
                 edited_at: at,
+                mentions: d.mentions.clone(),
             })),
             MESSAGE_DELETED => Self::MessageDeleted(Pushed::Full(MessageDeleted {
                 message,
@@ -188,6 +219,9 @@ impl Frame {
                 user_id: d.user_id,
                 last_delivered_seq: d.last_delivered_seq,
             })),
+            MENTION => Self::Mention(message),
+            REACTION_ADDED => Self::ReactionAdded(reaction(d)),
+            REACTION_REMOVED => Self::ReactionRemoved(reaction(d)),
             TYPING => Self::Typing(Typing {
                 conversation_id,
                 user_id: d.user_id,
@@ -199,6 +233,17 @@ impl Frame {
     /// The frame's JSON text, as it goes on the socket.
     pub fn text(&self) -> String {
         serde_json::to_string(self).expect("a frame serializes")
+    }
+}
+
+fn reaction(d: &Delivery) -> Reaction {
+    Reaction {
+        conversation_id: d.conversation_id,
+        seq: d.seq,
+        user_id: d.user_id,
+        key: d.reaction_key.clone(),
+        count: d.reaction_count,
+        light: d.light,
     }
 }
 
@@ -231,6 +276,9 @@ mod tests {
             last_delivered_seq: None,
             occurred_at: 1_796_000_000_000_000,
             client_msg_id: None,
+            reaction_key: Some("👍".into()),
+            reaction_count: Some(2),
+            mentions: Vec::new(),
         }
     }
 
@@ -248,6 +296,10 @@ mod tests {
         assert_eq!(
             text(MESSAGE_NEW, true),
             r#"{"type":"message.new","conversationId":38,"seq":4,"light":true}"#
+        );
+        assert_eq!(
+            text(REACTION_ADDED, false),
+            r#"{"type":"reaction.added","conversationId":38,"seq":4,"userId":7,"key":"👍","count":2}"#
         );
     }
 }

@@ -179,12 +179,24 @@ export class Api {
    * Sends a message. Retries (see withRetry) reuse the same clientMsgId, so the server
    * stores it once whatever happened to the earlier attempts.
    */
-  send(conversationId, clientMsgId, body) {
+  /** `mentions`: the member ids the message names (@). */
+  send(conversationId, clientMsgId, body, mentions = []) {
+    const payload = { clientMsgId, body };
+    if (mentions.length > 0) payload.mentions = mentions;
     return withRetry(() =>
-      this.call('POST', `/conversations/${conversationId}/messages`, {
-        body: { clientMsgId, body },
-      }),
+      this.call('POST', `/conversations/${conversationId}/messages`, { body: payload }),
     );
+  }
+
+  /** Adds (or, with `remove`, takes back) the caller's reaction `key` to a message. */
+  react(conversationId, seq, key, remove = false) {
+    const path = `/conversations/${conversationId}/messages/${seq}/reactions/${encodeURIComponent(key)}`;
+    return this.call(remove ? 'DELETE' : 'PUT', path);
+  }
+
+  /** `level`: all | mentions | none. */
+  setNotifications(conversationId, level) {
+    return this.call('PUT', `/conversations/${conversationId}/notifications`, { body: { level } });
   }
 
   editMessage(conversationId, seq, body) {

@@ -29,6 +29,8 @@ const PREVIEW_CHARS = 120;
  * catch-up this long after connecting picks up anything committed in that moment.
  */
 const SECOND_CATCH_UP_MS = 2000;
+/** The reactions the "+" button offers (any emoji or short name works over the API). */
+const QUICK_REACTIONS = ['👍', '❤️', '😂', '🎉', '😮', '🙏'];
 
 // ---------------------------------------------------------------------------
 // State
@@ -51,6 +53,10 @@ const state = {
 
   /** `${conversationId}:${userId}` -> timer that hides "is typing". */
   typing: new Map(),
+  /** The message whose reaction choices are shown, if any. */
+  reactingTo: null,
+  /** conversationId -> its members' ids, for the @ picker (loaded when opened). */
+  members: new Map(),
   lastTypingSentAt: 0,
 };
 
@@ -152,14 +158,18 @@ function mergeConversation(server, { fromInbox = false } = {}) {
       lastSeq: server.lastSeq ?? 0,
       lastReadSeq: server.lastReadSeq ?? 0,
       unreadCount: server.unreadCount ?? 0,
+      mentionCount: server.mentionCount ?? 0,
+      notificationLevel: server.notificationLevel ?? 'all',
+      mutedUntil: server.mutedUntil,
       lastActivityAt: server.lastActivityAt || server.createdAt,
       lastMessage: server.lastMessage || null,
     });
     return;
   }
-  for (const key of ['type', 'title', 'peerId', 'memberCount']) {
+  for (const key of ['type', 'title', 'peerId', 'memberCount', 'notificationLevel']) {
     if (server[key] !== undefined) local[key] = server[key];
   }
+  if (server.notificationLevel !== undefined) local.mutedUntil = server.mutedUntil;
   const serverRead = server.lastReadSeq ?? 0;
   const readSeq = Math.max(local.lastReadSeq, serverRead);
   if (server.lastSeq >= local.lastSeq && server.unreadCount !== undefined) {
@@ -175,6 +185,9 @@ function mergeConversation(server, { fromInbox = false } = {}) {
   } else if (readSeq > local.lastReadSeq) {
     local.unreadCount = Math.min(local.unreadCount, Math.max(0, local.lastSeq - readSeq));
   }
+  // Mentions count as the server counts them, unless we have read everything since.
+  if (server.mentionCount !== undefined) local.mentionCount = server.mentionCount;
+  if (readSeq >= local.lastSeq) local.mentionCount = 0;
   local.lastReadSeq = readSeq;
 }
 
@@ -198,6 +211,14 @@ function upsertMessage(thread, incoming) {
   }
   msg.senderId ??= incoming.senderId;
   msg.createdAt ??= incoming.createdAt;
+  // History, sync and answers show a message as it is now (no reactions or mentions:
+  // none); pushes (with a `type`) say what changed and are applied where they land.
+  if (incoming.type === undefined) {
+    msg.reactions = incoming.reactions ?? [];
+    msg.mentions = incoming.mentions ?? [];
+  } else if (incoming.mentions) {
+    msg.mentions = incoming.mentions;
+  }
   if (!msg.deleted) {
     if (incoming.deleted) {
       markDeleted(msg);
@@ -225,6 +246,8 @@ function markDeleted(msg) {
   msg.deleted = true;
   delete msg.body;
   delete msg.editedAt;
+  msg.reactions = [];
+  msg.mentions = [];
 }
 
 /** Applies an edit or delete ({seq, body, editedAt} or {seq, deleted}) to a held message. */
@@ -241,6 +264,7 @@ function applyChange(thread, change) {
   else if (!isOlderEdit(change.editedAt, msg.editedAt, msg.body)) {
     msg.body = change.body;
     msg.editedAt = change.editedAt;
+    if (change.mentions) msg.mentions = change.mentions;
   }
   thread.version++;
 }
@@ -400,6 +424,13 @@ function onFrame(frame) {
     case 'typing':
       onTyping(frame);
       break;
+    case 'reaction.added':
+    case 'reaction.removed':
+      onReaction(frame);
+      break;
+    case 'mention':
+      refreshInboxSoon(); // a large group's message names us: its push was light
+      break;
     case 'resync':
       // Pushes may have been lost while this socket stayed open (a broker outage).
       catchUp();
@@ -429,6 +460,7 @@ function onMessageNew(frame) {
       conv.unreadCount = 0;
     } else {
       conv.unreadCount += 1;
+      if ((frame.mentions ?? []).includes(state.me)) conv.mentionCount = (conv.mentionCount ?? 0) + 1;
     }
   }
 
@@ -461,8 +493,44 @@ function onMessageChanged(frame) {
   const thread = state.threads.get(id);
   if (!thread?.loaded) return;
   if (deleted) applyChange(thread, { seq: frame.seq, deleted: true });
-  else if (!frame.light) applyChange(thread, { seq: frame.seq, body: frame.body, editedAt: frame.editedAt });
+  else if (!frame.light) {
+    applyChange(thread, { seq: frame.seq, body: frame.body, editedAt: frame.editedAt, mentions: frame.mentions });
+  }
   else if (thread.messages.has(frame.seq)) refetchMessage(id, frame.seq);
+}
+
+/**
+ * A reaction changed: `count` is the key's count now (not a delta). The reactor's own
+ * devices learn "me" from `userId`; light frames (large groups) carry no `userId`.
+ */
+function onReaction(frame) {
+  const msg = state.threads.get(frame.conversationId)?.messages.get(frame.seq);
+  if (!msg || msg.deleted) return;
+  const reactions = msg.reactions ?? [];
+  let entry = reactions.find((r) => r.key === frame.key);
+  if (!entry) {
+    entry = { key: frame.key, count: 0, me: false };
+    reactions.push(entry);
+  }
+  entry.count = frame.count;
+  if (frame.userId === state.me) entry.me = frame.type === 'reaction.added';
+  msg.reactions = reactions.filter((r) => r.count > 0);
+  state.threads.get(frame.conversationId).version++;
+  if (frame.conversationId === state.openId) refreshInboxSoon();
+}
+
+/** Adds the caller's reaction `key` to message `seq` of the open conversation, or takes it back. */
+async function toggleReaction(seq, key) {
+  const id = state.openId;
+  const thread = state.threads.get(id);
+  const msg = thread?.messages.get(seq);
+  if (!msg || msg.deleted) return;
+  const mine = (msg.reactions ?? []).some((r) => r.key === key && r.me);
+  state.reactingTo = null;
+  const answer = await state.api.react(id, seq, key, mine);
+  msg.reactions = answer.reactions;
+  thread.version++;
+  render();
 }
 
 async function refetchMessage(id, seq) {
@@ -529,6 +597,7 @@ function markReadIfVisible() {
   if (seq === 0 || seq <= conv.lastReadSeq) return;
   conv.lastReadSeq = seq;
   conv.unreadCount = seq >= conv.lastSeq ? 0 : Math.min(conv.unreadCount, conv.lastSeq - seq);
+  if (seq >= conv.lastSeq) conv.mentionCount = 0;
   render();
   state.api.markRead(id, seq).catch(showError);
 }
@@ -665,6 +734,10 @@ async function openConversation(id) {
   render();
   markReadIfVisible();
   refreshReceipts();
+  state.api
+    .members(id)
+    .then((list) => state.members.set(id, list.members.map((m) => m.userId)))
+    .catch(() => {}); // the picker stays empty; sending works without it
 }
 
 function closeConversation() {
@@ -711,7 +784,7 @@ async function loadOlder() {
 function sendMessage(text) {
   const id = state.openId;
   const thread = threadFor(id);
-  const pending = { clientMsgId: newClientMsgId(), body: text, failed: false };
+  const pending = { clientMsgId: newClientMsgId(), body: text, mentions: mentionsIn(text), failed: false };
   thread.pending.push(pending);
   thread.version++;
   scrollMode = 'bottom';
@@ -725,13 +798,14 @@ async function deliver(id, thread, pending) {
   thread.version++;
   render();
   try {
-    const answer = await state.api.send(id, pending.clientMsgId, pending.body);
+    const answer = await state.api.send(id, pending.clientMsgId, pending.body, pending.mentions);
     thread.pending = thread.pending.filter((p) => p !== pending);
     upsertMessage(thread, {
       seq: answer.seq,
       senderId: state.me,
       body: pending.body,
       createdAt: answer.createdAt,
+      mentions: pending.mentions,
     });
     const conv = state.conversations.get(id);
     if (conv) {
@@ -771,7 +845,52 @@ async function deleteMessage(seq) {
   render();
 }
 
+/** The members a text names: `@<id>` of a member of the open conversation, not oneself. */
+function mentionsIn(text) {
+  const members = new Set(state.members.get(state.openId) ?? []);
+  const ids = [...text.matchAll(/@(\d+)\b/g)].map((m) => Number(m[1]));
+  return [...new Set(ids)].filter((id) => members.has(id) && id !== state.me).sort((a, b) => a - b);
+}
+
+/** The @ picker: after "@" and any digits at the caret, the members whose id matches. */
+function renderMentionPicker() {
+  const composer = $('composer');
+  const picker = $('mention-picker');
+  const before = composer.value.slice(0, composer.selectionStart);
+  const typed = before.match(/@(\d*)$/);
+  const members = (state.members.get(state.openId) ?? []).filter((id) => id !== state.me);
+  const matches = typed ? members.filter((id) => String(id).startsWith(typed[1])).slice(0, 8) : [];
+  picker.hidden = matches.length === 0;
+  picker.replaceChildren(
+    ...matches.map((id) =>
+      el('li', {}, el('button', { type: 'button', class: 'link', dataset: { mention: id, testid: 'mention-choice' } }, `@${id} ${userName(id)}`)),
+    ),
+  );
+}
+
+function pickMention(id) {
+  const composer = $('composer');
+  const at = composer.selectionStart;
+  const before = composer.value.slice(0, at).replace(/@(\d*)$/, `@${id} `);
+  composer.value = before + composer.value.slice(at);
+  composer.focus();
+  composer.selectionStart = composer.selectionEnd = before.length;
+  renderMentionPicker();
+}
+
+async function toggleMute() {
+  const id = state.openId;
+  const conv = state.conversations.get(id);
+  if (!conv) return;
+  const level = conv.notificationLevel === 'none' ? 'all' : 'none';
+  const answer = await state.api.setNotifications(id, level);
+  conv.notificationLevel = answer.level;
+  conv.mutedUntil = answer.mutedUntil;
+  render();
+}
+
 function onComposerInput() {
+  renderMentionPicker();
   const id = state.openId;
   const now = Date.now();
   if (!id || $('composer').value.trim() === '') return;
@@ -824,6 +943,8 @@ function inboxRow(conv) {
   else if (last.deleted) preview = el('span', { class: 'preview muted' }, 'message deleted');
   else preview = el('span', { class: 'preview' }, `${last.senderId === state.me ? 'You: ' : ''}${last.preview ?? ''}`);
   const unread = conv.unreadCount > 0 ? String(conv.unreadCount) : '';
+  const mentioned = conv.mentionCount > 0 ? `@${conv.mentionCount > 1 ? conv.mentionCount : ''}` : '';
+  const muted = conv.notificationLevel === 'none' || Date.parse(conv.mutedUntil ?? 0) > Date.now();
   const title = conversationTitle(conv);
 
   return el(
@@ -840,7 +961,14 @@ function inboxRow(conv) {
         'span',
         { class: 'row-main' },
         el('span', { class: 'row-line' }, el('span', { class: 'title' }, title), el('time', {}, formatTime(conv.lastActivityAt))),
-        el('span', { class: 'row-line' }, preview, el('span', { class: 'badge', dataset: { testid: 'unread' } }, unread)),
+        el(
+          'span',
+          { class: 'row-line' },
+          preview,
+          muted ? el('span', { class: 'muted-mark', title: 'muted', dataset: { testid: 'muted' } }, '🔕') : null,
+          el('span', { class: 'badge mention', dataset: { testid: 'mentions' } }, mentioned),
+          el('span', { class: 'badge', dataset: { testid: 'unread' } }, unread),
+        ),
       ),
     ),
   );
@@ -872,6 +1000,7 @@ function renderConversation() {
       ? 'Direct chat'
       : `Group · ${conv.memberCount} members`;
   $('load-older').hidden = !thread.hasOlder;
+  $('mute').textContent = conv?.notificationLevel === 'none' ? 'Unmute' : 'Mute';
   $('typing').textContent = typingLine(id);
 
   const key = `${id}:${thread.version}`;
@@ -932,7 +1061,7 @@ function messageRow(msg, isGroup, receipt) {
   return el(
     'li',
     {
-      class: `message ${mine ? 'mine' : 'theirs'}${msg.deleted ? ' deleted' : ''}`,
+      class: `message ${mine ? 'mine' : 'theirs'}${msg.deleted ? ' deleted' : ''}${(msg.mentions ?? []).includes(state.me) ? ' mentions-me' : ''}`,
       dataset: { testid: 'message', seq: msg.seq, senderId: msg.senderId, shownAt: msg.shownAt },
     },
     el(
@@ -942,9 +1071,38 @@ function messageRow(msg, isGroup, receipt) {
       msg.deleted
         ? el('div', { class: 'body muted' }, 'message deleted')
         : el('div', { class: 'body', dataset: { testid: 'message-body' } }, msg.body ?? ''),
+      msg.deleted ? null : reactionsRow(msg),
       meta,
     ),
   );
+}
+
+/** A message's reactions as buttons (click: add or take back yours), and "+" for more. */
+function reactionsRow(msg) {
+  const chips = (msg.reactions ?? []).map((r) =>
+    el(
+      'button',
+      {
+        type: 'button',
+        class: `reaction${r.me ? ' me' : ''}`,
+        title: r.me ? 'Take your reaction back' : 'React',
+        dataset: { action: 'react', seq: msg.seq, key: r.key, testid: 'reaction' },
+      },
+      `${r.key} ${r.count}`,
+    ),
+  );
+  const palette =
+    state.reactingTo === msg.seq
+      ? QUICK_REACTIONS.map((key) =>
+          el('button', { type: 'button', class: 'reaction choice', dataset: { action: 'react', seq: msg.seq, key, testid: 'reaction-choice' } }, key),
+        )
+      : [];
+  const more = el(
+    'button',
+    { type: 'button', class: 'link action', title: 'React', dataset: { action: 'react-menu', seq: msg.seq, testid: 'react' } },
+    '+',
+  );
+  return el('div', { class: 'reactions' }, ...chips, ...palette, more);
 }
 
 function pendingRow(pending) {
@@ -1025,6 +1183,7 @@ function wire() {
     const text = composer.value;
     if (!state.openId || text.trim() === '') return;
     composer.value = '';
+    $('mention-picker').hidden = true;
     sendMessage(text);
   });
   composer.addEventListener('keydown', (event) => {
@@ -1034,11 +1193,22 @@ function wire() {
     }
   });
   composer.addEventListener('input', onComposerInput);
+  $('mention-picker').addEventListener('click', (event) => {
+    const button = event.target.closest('button[data-mention]');
+    if (button) pickMention(Number(button.dataset.mention));
+  });
+  $('mute').addEventListener('click', () => toggleMute().catch(showError));
 
   $('messages').addEventListener('click', (event) => {
     const button = event.target.closest('button[data-action]');
     if (!button) return;
     const { action, seq, clientMsgId } = button.dataset;
+    if (action === 'react') toggleReaction(Number(seq), button.dataset.key).catch(showError);
+    if (action === 'react-menu') {
+      state.reactingTo = state.reactingTo === Number(seq) ? null : Number(seq);
+      state.threads.get(state.openId).version++;
+      render();
+    }
     if (action === 'edit') editMessage(Number(seq)).catch(showError);
     if (action === 'delete') deleteMessage(Number(seq)).catch(showError);
     if (action === 'retry') {

@@ -84,6 +84,14 @@ impl MessageBody {
     }
 }
 
+impl std::str::FromStr for ReactionKey {
+    type Err = String;
+
+    fn from_str(raw: &str) -> Result<Self, String> {
+        Self::parse(raw)
+    }
+}
+
 /// PostgreSQL text holds any Unicode scalar value but U+0000 (and JSON cannot carry a
 /// lone surrogate: serde refuses it as malformed JSON, 400). Refused here with the field's
 /// name: it would fail the statement it was written with, again on every retry.
@@ -149,6 +157,42 @@ pub fn seq(field: &str, raw: i64) -> Result<chatpipe_core::Seq, Refused> {
     chatpipe_core::Seq::new(raw).map_err(|e| Refused::invalid(field, e.to_string()))
 }
 
+/// A reaction's key: one emoji, or a short name. An emoji is stored in its fully
+/// qualified form (`❤` becomes `❤️`), and a short name that is an emoji's GitHub shortcode
+/// is stored as that emoji (`+1` becomes `👍`), so one reaction counts under one key.
+/// Other short names (a workspace's own emoji) are 1 to 32 of `[a-z0-9_+-]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReactionKey(String);
+
+/// The longest short name.
+const MAX_SHORT_NAME: usize = 32;
+
+impl ReactionKey {
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        if let Some(emoji) = emojis::get(raw) {
+            return Ok(Self(emoji.as_str().to_owned()));
+        }
+        let short = !raw.is_empty()
+            && raw.len() <= MAX_SHORT_NAME
+            && raw
+                .bytes()
+                .all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'+' | b'-'));
+        if !short {
+            return Err(format!(
+                "is neither one emoji nor a short name (1 to {MAX_SHORT_NAME} of a-z, 0-9, _, +, -)"
+            ));
+        }
+        Ok(Self(match emojis::get_by_shortcode(raw) {
+            Some(emoji) => emoji.as_str().to_owned(),
+            None => raw.to_owned(),
+        }))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,5 +226,33 @@ mod tests {
         );
         assert!(user_ids("memberIds", vec![1, 0], 10).is_err());
         assert!(user_ids("memberIds", (1..=11).collect(), 10).is_err());
+    }
+
+    #[test]
+    fn reaction_keys_are_one_emoji_or_a_short_name_stored_once() {
+        let key = |raw: &str| ReactionKey::parse(raw).map(|k| k.as_str().to_owned());
+        assert_eq!(key("👍").unwrap(), "👍");
+        assert_eq!(key("+1").unwrap(), "👍", "a shortcode is its emoji");
+        assert_eq!(key("thumbsup").unwrap(), "👍");
+        assert_eq!(key("👍🏽").unwrap(), "👍🏽", "a skin tone is its own key");
+        assert_eq!(key("❤").unwrap(), key("❤️").unwrap(), "fully qualified");
+        assert_eq!(
+            key("👨‍👩‍👧‍👦").unwrap(),
+            "👨‍👩‍👧‍👦",
+            "one grapheme of several characters"
+        );
+        assert_eq!(key("party_parrot").unwrap(), "party_parrot");
+        for bad in [
+            "",
+            "👍👍",
+            "👍 ",
+            "Party",
+            "a b",
+            "<script>",
+            "x".repeat(33).as_str(),
+            "é",
+        ] {
+            assert!(key(bad).is_err(), "{bad:?} is refused");
+        }
     }
 }

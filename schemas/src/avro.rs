@@ -12,8 +12,8 @@ use chrono::{DateTime, Utc};
 use schema_registry_converter::schema_registry_common::get_payload;
 
 use crate::{
-    ChatEvent, ConversationCreated, DeliveryUpdated, MemberJoined, MemberLeft, MemberRoleChanged,
-    MessageDeleted, MessageEdited, MessageNew, ReadUpdated, Role,
+    ChatEvent, ConversationCreated, ConversationId, DeliveryUpdated, MemberJoined, MemberLeft,
+    MemberRoleChanged, MessageDeleted, MessageEdited, MessageNew, Reaction, ReadUpdated, Role,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -103,6 +103,8 @@ const MEMBER_ROLE_CHANGED: u32 = 5;
 const MESSAGE_EDITED: u32 = 6;
 const MESSAGE_DELETED: u32 = 7;
 const DELIVERY_UPDATED: u32 = 8;
+const REACTION_ADDED: u32 = 9;
+const REACTION_REMOVED: u32 = 10;
 
 impl EventCodec {
     pub fn new(schema_id: u32) -> Self {
@@ -219,6 +221,44 @@ pub(crate) fn opt_long(v: Option<impl Into<i64>>) -> Value {
     }
 }
 
+/// An array of ids.
+fn longs(ids: &[crate::UserId]) -> Value {
+    Value::Array(ids.iter().map(|u| long(*u)).collect())
+}
+
+/// `mentions`, empty in records written before it (chat_event.avsc v6).
+fn mentions(p: &mut Fields) -> Result<Vec<crate::UserId>, CodecError> {
+    if p.has("mentions") {
+        p.ids("mentions")
+    } else {
+        Ok(Vec::new())
+    }
+}
+
+fn reaction(e: &Reaction) -> Value {
+    record(vec![
+        ("seq", long(e.seq)),
+        ("userId", long(e.user_id)),
+        ("key", Value::String(e.key.clone())),
+        ("count", long(e.count)),
+    ])
+}
+
+fn reaction_from(
+    mut p: Fields,
+    conversation_id: ConversationId,
+    occurred_at: DateTime<Utc>,
+) -> Result<Reaction, CodecError> {
+    Ok(Reaction {
+        conversation_id,
+        seq: p.id("seq")?,
+        user_id: p.id("userId")?,
+        key: p.string("key")?,
+        count: p.long("count")?,
+        occurred_at,
+    })
+}
+
 pub(crate) fn record(fields: Vec<(&str, Value)>) -> Value {
     Value::Record(fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
 }
@@ -234,6 +274,7 @@ pub fn to_value(event: &ChatEvent) -> Value {
                 ("senderId", long(e.sender_id)),
                 ("clientMsgId", Value::Uuid(e.client_msg_id)),
                 ("body", Value::String(e.body.clone())),
+                ("mentions", longs(&e.mentions)),
             ]),
         ),
         ChatEvent::ReadUpdated(e) => (
@@ -281,6 +322,7 @@ pub fn to_value(event: &ChatEvent) -> Value {
                 ("seq", long(e.seq)),
                 ("senderId", long(e.sender_id)),
                 ("body", Value::String(e.body.clone())),
+                ("mentions", longs(&e.mentions)),
             ]),
         ),
         ChatEvent::DeliveryUpdated(e) => (
@@ -291,6 +333,8 @@ pub fn to_value(event: &ChatEvent) -> Value {
                 ("lastDeliveredSeq", long(e.last_delivered_seq)),
             ]),
         ),
+        ChatEvent::ReactionAdded(e) => (&e.occurred_at, REACTION_ADDED, reaction(e)),
+        ChatEvent::ReactionRemoved(e) => (&e.occurred_at, REACTION_REMOVED, reaction(e)),
         ChatEvent::MessageDeleted(e) => (
             &e.deleted_at,
             MESSAGE_DELETED,
@@ -548,6 +592,7 @@ pub fn from_value(value: Value) -> Result<ChatEvent, CodecError> {
             sender_id: p.id("senderId")?,
             client_msg_id: p.uuid("clientMsgId")?,
             body: p.string("body")?,
+            mentions: mentions(&mut p)?,
             created_at: occurred_at,
         }),
         "read.updated" => ChatEvent::ReadUpdated(ReadUpdated {
@@ -586,6 +631,7 @@ pub fn from_value(value: Value) -> Result<ChatEvent, CodecError> {
             seq: p.id("seq")?,
             sender_id: p.id("senderId")?,
             body: p.string("body")?,
+            mentions: mentions(&mut p)?,
             edited_at: occurred_at,
         }),
         "delivery.updated" => ChatEvent::DeliveryUpdated(DeliveryUpdated {
@@ -594,6 +640,12 @@ pub fn from_value(value: Value) -> Result<ChatEvent, CodecError> {
             last_delivered_seq: p.id("lastDeliveredSeq")?,
             occurred_at,
         }),
+        "reaction.added" => {
+            ChatEvent::ReactionAdded(reaction_from(p, conversation_id, occurred_at)?)
+        }
+        "reaction.removed" => {
+            ChatEvent::ReactionRemoved(reaction_from(p, conversation_id, occurred_at)?)
+        }
         "message.deleted" => ChatEvent::MessageDeleted(MessageDeleted {
             conversation_id,
             seq: p.id("seq")?,
@@ -629,6 +681,7 @@ mod tests {
                 sender_id: UserId::of(10),
                 client_msg_id: uuid::Uuid::new_v4(),
                 body: "Hallo Gruppe 👋".into(),
+                mentions: vec![UserId::of(20), UserId::of(21)],
                 created_at: at(),
             }),
             ChatEvent::ReadUpdated(ReadUpdated {
@@ -672,12 +725,29 @@ mod tests {
                 seq: Seq::of(42),
                 sender_id: UserId::of(10),
                 body: "Hallo Gruppe 👋 (bearbeitet)".into(),
+                mentions: vec![UserId::of(21)],
                 edited_at: at(),
             }),
             ChatEvent::DeliveryUpdated(DeliveryUpdated {
                 conversation_id: ConversationId::of(7),
                 user_id: UserId::of(20),
                 last_delivered_seq: Watermark::of(43),
+                occurred_at: at(),
+            }),
+            ChatEvent::ReactionAdded(Reaction {
+                conversation_id: ConversationId::of(7),
+                seq: Seq::of(42),
+                user_id: UserId::of(20),
+                key: "👍🏽".into(),
+                count: 3,
+                occurred_at: at(),
+            }),
+            ChatEvent::ReactionRemoved(Reaction {
+                conversation_id: ConversationId::of(7),
+                seq: Seq::of(42),
+                user_id: UserId::of(21),
+                key: "party_parrot".into(),
+                count: 0,
                 occurred_at: at(),
             }),
             ChatEvent::MessageDeleted(MessageDeleted {

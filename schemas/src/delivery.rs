@@ -12,6 +12,10 @@ pub const READ_UPDATED: &str = "read.updated";
 pub const MESSAGE_EDITED: &str = "message.edited";
 pub const MESSAGE_DELETED: &str = "message.deleted";
 pub const DELIVERY_UPDATED: &str = "delivery.updated";
+pub const REACTION_ADDED: &str = "reaction.added";
+pub const REACTION_REMOVED: &str = "reaction.removed";
+/// A light `message.new` names these users: each hears of it at once.
+pub const MENTION: &str = "mention";
 /// Someone is typing: `userId`; never stored, from `chat.ephemeral`.
 pub const TYPING: &str = "typing";
 
@@ -33,6 +37,11 @@ pub struct Delivery {
     pub occurred_at: i64,
     /// message.new: the sender's clientMsgId.
     pub client_msg_id: Option<uuid::Uuid>,
+    /// reaction.added, reaction.removed: the reaction and how many hold it now.
+    pub reaction_key: Option<String>,
+    pub reaction_count: Option<i64>,
+    /// message.new, message.edited (full): the members the message names.
+    pub mentions: Vec<UserId>,
 }
 
 #[derive(Debug, Clone)]
@@ -67,6 +76,12 @@ impl DeliveryCodec {
                     None => Value::Union(0, Box::new(Value::Null)),
                 },
             ),
+            ("reactionKey", crate::avro::opt_string(&d.reaction_key)),
+            ("reactionCount", opt_long(d.reaction_count)),
+            (
+                "mentions",
+                Value::Array(d.mentions.iter().map(|u| long(*u)).collect()),
+            ),
         ]))
     }
 }
@@ -95,6 +110,22 @@ impl Delivery {
             occurred_at: f.timestamp("occurredAt")?.timestamp_micros(),
             // Absent in lists written before it (delivery.avsc v5).
             client_msg_id: f.opt_uuid("clientMsgId")?,
+            // Absent in lists written before reactions (delivery.avsc v6).
+            reaction_key: if f.has("reactionKey") {
+                f.opt_string("reactionKey")?
+            } else {
+                None
+            },
+            reaction_count: if f.has("reactionCount") {
+                f.opt_long("reactionCount")?
+            } else {
+                None
+            },
+            mentions: if f.has("mentions") {
+                f.ids("mentions")?
+            } else {
+                Vec::new()
+            },
         })
     }
 }
@@ -120,6 +151,9 @@ mod tests {
             last_delivered_seq: None,
             occurred_at: 1_764_480_000_000_001,
             client_msg_id: Some(uuid::Uuid::from_u128(7)),
+            reaction_key: None,
+            reaction_count: None,
+            mentions: vec![UserId::of(2)],
         };
         let light = Delivery {
             light: true,

@@ -50,6 +50,10 @@ pub enum ChatEvent {
     ReadUpdated(ReadUpdated),
     #[serde(rename = "delivery.updated")]
     DeliveryUpdated(DeliveryUpdated),
+    #[serde(rename = "reaction.added")]
+    ReactionAdded(Reaction),
+    #[serde(rename = "reaction.removed")]
+    ReactionRemoved(Reaction),
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -135,6 +139,9 @@ pub struct MessageNew {
     pub sender_id: UserId,
     pub client_msg_id: Uuid,
     pub body: String,
+    /// The members the message names, ascending; never the sender.
+    #[serde(default)]
+    pub mentions: Vec<UserId>,
     pub created_at: DateTime<Utc>,
 }
 
@@ -146,6 +153,9 @@ pub struct MessageEdited {
     pub seq: Seq,
     pub sender_id: UserId,
     pub body: String,
+    /// The members the message names after the edit, ascending.
+    #[serde(default)]
+    pub mentions: Vec<UserId>,
     pub edited_at: DateTime<Utc>,
 }
 
@@ -159,6 +169,19 @@ pub struct MessageDeleted {
     pub sender_id: UserId,
     pub deleted_by: UserId,
     pub deleted_at: DateTime<Utc>,
+}
+
+/// A member added (`reaction.added`) or took back (`reaction.removed`) a reaction `key` to
+/// message `seq`; `count` is how many members hold that reaction once it committed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Reaction {
+    pub conversation_id: ConversationId,
+    pub seq: Seq,
+    pub user_id: UserId,
+    pub key: String,
+    pub count: i64,
+    pub occurred_at: DateTime<Utc>,
 }
 
 /// A member's delivery watermark moved: everything up to `last_delivered_seq` reached one
@@ -194,6 +217,8 @@ impl ChatEvent {
             Self::MessageDeleted(_) => "message.deleted",
             Self::ReadUpdated(_) => "read.updated",
             Self::DeliveryUpdated(_) => "delivery.updated",
+            Self::ReactionAdded(_) => "reaction.added",
+            Self::ReactionRemoved(_) => "reaction.removed",
         }
     }
 
@@ -209,6 +234,7 @@ impl ChatEvent {
             Self::MessageDeleted(e) => e.conversation_id,
             Self::ReadUpdated(e) => e.conversation_id,
             Self::DeliveryUpdated(e) => e.conversation_id,
+            Self::ReactionAdded(e) | Self::ReactionRemoved(e) => e.conversation_id,
         }
     }
 }

@@ -12,6 +12,10 @@ BEGIN
                SELECT count(*) FROM message d
                 WHERE d.conversation_id = m.conversation_id AND d.deleted_at IS NOT NULL
                   AND d.seq > m.last_read_seq AND d.seq <= LEAST(b.seq, c.last_seq)),
+           mention_read = m.mention_read + (
+               SELECT count(*) FROM message_mention n
+                WHERE n.conversation_id = m.conversation_id AND n.user_id = m.user_id
+                  AND n.seq > m.last_read_seq AND n.seq <= LEAST(b.seq, c.last_seq)),
            changed_xid = pg_current_xact_id()
       FROM unnest(p_conversations, p_users, p_seqs) AS b(conversation_id, user_id, seq)
       JOIN conversation c ON c.id = b.conversation_id

@@ -68,6 +68,10 @@ BEGIN
                    SELECT count(*) FROM message d
                     WHERE d.conversation_id = t.conv AND d.deleted_at IS NOT NULL
                       AND d.seq > m.last_read_seq AND d.seq <= t.seq),
+               mention_read = m.mention_read + (
+                   SELECT count(*) FROM message_mention n
+                    WHERE n.conversation_id = t.conv AND n.user_id = t.sender
+                      AND n.seq > m.last_read_seq AND n.seq <= t.seq),
                changed_xid = pg_current_xact_id()
           FROM (SELECT f.conv, f.sender, max(f.seq) AS seq
                   FROM fresh f GROUP BY f.conv, f.sender) AS t

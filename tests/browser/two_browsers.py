@@ -73,6 +73,7 @@ return {
   inbox: [...document.querySelectorAll('[data-testid="conversation-item"]')].map((row) => ({
     id: Number(row.dataset.conversationId),
     unread: text(row, '[data-testid="unread"]'),
+    mentions: text(row, '[data-testid="mentions"]'),
     preview: text(row, '.preview'),
   })),
   messages: [...document.querySelectorAll('[data-testid="message"]')].map((row) => ({
@@ -81,6 +82,7 @@ return {
     shownAt: Number(row.dataset.shownAt),
     body: text(row, '[data-testid="message-body"]'),
     receipt: text(row, '[data-testid="receipt"]'),
+    reactions: [...row.querySelectorAll('[data-testid="reaction"]')].map((b) => b.textContent),
   })),
 };
 """
@@ -284,6 +286,35 @@ def run(args, alice, bob, report):
     )
     bob.wait_for("bob's unread back to 0", lambda s: unread_of(s, conv_id) == 0, 3)
     checks["bobUnread0AfterReopening"] = True
+
+    # 5. Bob reacts to alice's first message (the "+" and its first choice, a thumbs up);
+    # alice, who has the conversation open, sees it on her message.
+    first_seq = message_with(bob.state(), first)["seq"]
+    on_first = f'[data-testid="message"][data-seq="{first_seq}"]'
+    bob.click(f'{on_first} [data-testid="react"]')
+    bob.click(f'{on_first} [data-testid="reaction-choice"]')
+    bob.wait_for("bob's reaction on his side", lambda s: "👍 1" in (message_with(s, first) or {}).get("reactions", []), 5)
+    started = now_ms()
+    _, seen = alice.wait_for(
+        "bob's reaction on alice's message",
+        lambda s: "👍 1" in ((message_with(s, first) or {}).get("reactions") or []),
+        5,
+    )
+    latency["reactionToAlice"] = round(seen - started)
+    checks["aliceSawReaction"] = True
+
+    # 6. Alice back on her inbox; bob names her with the @ picker; her inbox shows the
+    # mention until she opens the conversation and reads it.
+    alice.click('[data-testid="close-conversation"]')
+    alice.wait_for("alice back on the inbox", lambda s: s["openConversation"] is None, 3)
+    bob.type("composer", "look @")
+    bob.click('[data-testid="mention-choice"]')
+    bob.click('[data-testid="send"]')
+    alice.wait_for("the mention badge in alice's inbox", lambda s: ((row(s, conv_id) or {}).get("mentions") or "").startswith("@"), 5)
+    checks["aliceSawMention"] = True
+    alice.click(f'[data-testid="conversation-item"][data-conversation-id="{conv_id}"] a')
+    alice.wait_for("alice's mention badge clears once she reads", lambda s: not (row(s, conv_id) or {}).get("mentions"), 5)
+    checks["aliceMentionClearedByReading"] = True
 
 
 def side_by_side(left, right, path):

@@ -8,7 +8,8 @@ use std::collections::BTreeSet;
 
 use chatpipe_schemas::contract::ALL;
 use chatpipe_schemas::delivery::{
-    DELIVERY_UPDATED, MESSAGE_DELETED, MESSAGE_EDITED, MESSAGE_NEW, READ_UPDATED, TYPING,
+    DELIVERY_UPDATED, MENTION, MESSAGE_DELETED, MESSAGE_EDITED, MESSAGE_NEW, REACTION_ADDED,
+    REACTION_REMOVED, READ_UPDATED, TYPING,
 };
 
 use crate::repo_root;
@@ -63,6 +64,9 @@ fn every_topic_and_every_frame_type_is_in_the_asyncapi_document() {
         MESSAGE_DELETED,
         READ_UPDATED,
         DELIVERY_UPDATED,
+        REACTION_ADDED,
+        REACTION_REMOVED,
+        MENTION,
         TYPING,
         gateway::resync::RESYNC,
         "ack",
@@ -95,6 +99,9 @@ fn every_frame_the_gateway_makes_is_valid_against_its_asyncapi_payload() {
         last_delivered_seq: Some(Watermark::of(4)),
         occurred_at: 1_796_000_000_000_000,
         client_msg_id: Some(uuid::Uuid::new_v4()),
+        reaction_key: Some("👍".into()),
+        reaction_count: Some(2),
+        mentions: vec![UserId::of(8)],
     };
     let mut frames = Vec::new();
     for (event_type, message) in [
@@ -103,6 +110,9 @@ fn every_frame_the_gateway_makes_is_valid_against_its_asyncapi_payload() {
         (MESSAGE_DELETED, "messageDeleted"),
         (READ_UPDATED, "readUpdated"),
         (DELIVERY_UPDATED, "deliveryUpdated"),
+        (REACTION_ADDED, "reactionAdded"),
+        (REACTION_REMOVED, "reactionRemoved"),
+        (MENTION, "mention"),
         (TYPING, "typingPush"),
     ] {
         for light in [false, true] {

@@ -95,6 +95,21 @@ fn conversation_requests(seq: i64) -> BTreeMap<(&'static str, &'static str), Opt
             Some(json!({"role": "ADMIN"})),
         ),
         (("delete", "/conversations/{id}/members/{userId}"), None),
+        (
+            ("put", "/conversations/{id}/messages/{seq}/reactions/{key}"),
+            None,
+        ),
+        (
+            (
+                "delete",
+                "/conversations/{id}/messages/{seq}/reactions/{key}",
+            ),
+            None,
+        ),
+        (
+            ("put", "/conversations/{id}/notifications"),
+            Some(json!({"level": "none"})),
+        ),
     ])
 }
 
@@ -133,10 +148,13 @@ async fn a_non_member_is_refused_on_every_conversation_endpoint_as_if_it_did_not
             let path = template
                 .replace("{id}", &id.to_string())
                 .replace("{seq}", &seq.to_string())
-                .replace("{userId}", "20");
+                .replace("{userId}", "20")
+                .replace("{key}", "%F0%9F%91%8D");
             let res = match (*method, body) {
                 ("get", None) => stranger.get(&path).await,
                 ("delete", None) => stranger.delete(&path).await,
+                ("put", None) => stranger.put(&path).await,
+                ("put", Some(b)) => stranger.put_json(&path, b.clone()).await,
                 ("post", Some(b)) => stranger.post(&path, b.clone()).await,
                 ("patch", Some(b)) => stranger.patch(&path, b.clone()).await,
                 other => panic!("no way to send {other:?}"),
@@ -160,6 +178,17 @@ async fn a_non_member_is_refused_on_every_conversation_endpoint_as_if_it_did_not
         "the message is neither edited nor deleted"
     );
     assert_eq!(app.count("SELECT count(*) FROM message").await, 1);
+    assert_eq!(
+        app.count("SELECT count(*) FROM message_reaction").await,
+        0,
+        "no reaction"
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM conversation_member WHERE notify_level <> 'all'")
+            .await,
+        0,
+        "no member's notifications changed"
+    );
     assert_eq!(
         app.count(
             "SELECT count(*) FROM conversation_member WHERE role = 'MEMBER' AND user_id = 20"

@@ -1,6 +1,8 @@
 //! The browser client (ingest-api's `/app`, demo mode) in two real headless Chromium
 //! browsers, driven by Selenium (tests/browser/two_browsers.py): two people chat, each
-//! sees the other's message within a second, and unread counts fall as they read.
+//! sees the other's message within a second, and unread counts fall as they read; a
+//! reaction reaches the other's message, and a mention made with the @ picker badges
+//! the other's inbox until they read it.
 //! Debian's chromium and chromium-driver; never a downloaded browser.
 
 use std::time::Duration;
@@ -72,5 +74,12 @@ async fn two_people_chat_in_two_browsers_through_the_demo_client() {
     let result: serde_json::Value =
         serde_json::from_str(stdout.lines().last().unwrap()).expect("a JSON line of results");
     eprintln!("browsers: {result}");
+    for check in [
+        "aliceSawReaction",
+        "aliceSawMention",
+        "aliceMentionClearedByReading",
+    ] {
+        assert_eq!(result["checks"][check], true, "{check}: {result}");
+    }
     p.cleanup().await;
 }

@@ -9,6 +9,8 @@ mod gateway_restart;
 mod late_start;
 mod limits;
 mod membership;
+mod mentions;
+mod reactions;
 mod slow_client;
 mod tokens;
 mod typing;

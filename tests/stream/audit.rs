@@ -48,6 +48,7 @@ async fn the_auditor_counts_gaps_duplicates_and_backward_reads_and_alarms_on_the
             sender_id: UserId::of(1),
             client_msg_id: uuid::Uuid::new_v4(),
             body: format!("s{seq}"),
+            mentions: Vec::new(),
             created_at: chrono::Utc::now(),
         })
     };

@@ -216,6 +216,7 @@ pub fn old_messages(
             sender_id: UserId::of(1),
             client_msg_id: uuid::Uuid::nil(),
             body: "old".into(),
+            mentions: Vec::new(),
             created_at: at,
         });
         (conversation, codec.encode(&event))

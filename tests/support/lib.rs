@@ -520,6 +520,22 @@ impl Client<'_> {
         .await
     }
 
+    pub async fn put_json(&self, path: &str, body: Value) -> Resp {
+        self.send(
+            self.app
+                .http
+                .put(format!("{}{path}", self.app.base))
+                .json(&body),
+        )
+        .await
+    }
+
+    /// PUT without a body.
+    pub async fn put(&self, path: &str) -> Resp {
+        self.send(self.app.http.put(format!("{}{path}", self.app.base)))
+            .await
+    }
+
     pub async fn delete(&self, path: &str) -> Resp {
         self.send(self.app.http.delete(format!("{}{path}", self.app.base)))
             .await

@@ -24,7 +24,9 @@ pub mod conversations;
 pub mod demo;
 pub mod health;
 pub mod inbox;
+pub mod mentions;
 pub mod messages;
+pub mod notifications;
 pub mod reads;
 pub mod sync;
 
@@ -63,10 +65,13 @@ pub fn documented(demo: bool) -> (OpenApiRouter<AppState>, OpenApiRouter<AppStat
         ))
         .routes(routes!(messages::send, messages::history))
         .routes(routes!(messages::edit, messages::delete))
+        .routes(routes!(messages::react, messages::unreact))
         .routes(routes!(reads::mark_read))
         .routes(routes!(reads::mark_delivered))
         .routes(routes!(reads::receipts))
         .routes(routes!(inbox::inbox))
+        .routes(routes!(mentions::mentions))
+        .routes(routes!(notifications::set))
         .routes(routes!(sync::sync))
         .routes(routes!(blocks::block, blocks::unblock))
         .routes(routes!(blocks::list));

@@ -383,6 +383,8 @@ pub async fn remove_member(
         "WITH gone AS (
               DELETE FROM conversation_member WHERE conversation_id = $1 AND user_id = $2
               RETURNING user_id, role),
+              unmentioned AS (
+              DELETE FROM message_mention WHERE conversation_id = $1 AND user_id = $2),
               departure AS (
               INSERT INTO conversation_departure (user_id, conversation_id)
               SELECT user_id, $1 FROM gone

@@ -90,6 +90,8 @@ impl PageRow {
             edited_at: self.edited_at,
             deleted: self.deleted.unwrap_or(false),
             deleted_at: self.deleted_at,
+            mentions: Vec::new(),
+            reactions: Vec::new(),
         })
     }
 }
@@ -108,6 +110,8 @@ pub fn cold_message(row: ColdRow) -> Option<HistoryMessage> {
         edited_at: edited_at.and_then(at),
         deleted: deleted_at.is_some(),
         deleted_at: deleted_at.and_then(at),
+        mentions: Vec::new(),
+        reactions: Vec::new(),
     })
 }
 
@@ -169,6 +173,9 @@ pub async fn history(
     if !ascending {
         messages.reverse();
     }
+    let mut conn = db.pool.acquire().await?;
+    super::reactions::attach(&mut conn, conversation, reader, &mut messages).await?;
+    super::mentions::attach(&mut conn, conversation, &mut messages).await?;
     Ok(HistoryPage {
         messages,
         has_more,
@@ -211,6 +218,8 @@ mod tests {
             edited_at: None,
             deleted: false,
             deleted_at: None,
+            mentions: Vec::new(),
+            reactions: Vec::new(),
         }
     }
 

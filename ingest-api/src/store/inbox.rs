@@ -37,6 +37,14 @@ pub struct ConversationState {
     /// COUNT (invariant 7): `(last_seq - deleted_count) - (last_read_seq - deleted_read)`,
     /// both counts kept by the writers (migration 20261201000007).
     pub unread_count: i64,
+    /// Mentions of the caller after the watermark, in messages not deleted: also a
+    /// subtraction, `mention_count - mention_read` (migration 20261205000005).
+    pub mention_count: i64,
+    /// What the caller hears about while offline (`PUT …/notifications`).
+    pub notification_level: super::notifications::Level,
+    /// Muted until then; absent when not muted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub muted_until: Option<DateTime<Utc>>,
     pub member_count: i32,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peer_id: Option<i64>,
@@ -115,7 +123,9 @@ pub const UNREAD: &str = "(c.last_seq - c.deleted_count) - (m.last_read_seq - m.
 pub(super) fn state_columns(unread: &str) -> String {
     format!(
         "c.id AS conversation_id, c.type AS kind, c.title, c.last_seq, m.last_read_seq,
-         {unread} AS unread_count, c.member_count, c.last_activity_at,
+         {unread} AS unread_count, m.mention_count - m.mention_read AS mention_count,
+         m.notify_level AS notification_level, m.muted_until,
+         c.member_count, c.last_activity_at,
          CASE WHEN p.user_low = $1 THEN p.user_high ELSE p.user_low END AS peer_id"
     )
 }

@@ -30,6 +30,14 @@ pub struct HistoryMessage {
     pub deleted: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub deleted_at: Option<DateTime<Utc>>,
+    /// The members the message names, ascending; absent if none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[sqlx(skip)]
+    pub mentions: Vec<i64>,
+    /// The message's reactions, keys in the order they first appeared; absent if none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[sqlx(skip)]
+    pub reactions: Vec<super::reactions::ReactionCount>,
 }
 
 /// The columns a [`HistoryMessage`] is read from, for every query that returns messages.
@@ -79,15 +87,15 @@ pub struct Edited {
 /// The message a caller wants to change, read under the conversation's row lock (taken
 /// first, as sends and membership changes take it, so no two orders meet). 404 for a
 /// non-member, as everywhere, and for a seq with no message.
-struct Target {
+pub(super) struct Target {
     sender: UserId,
-    deleted: bool,
+    pub(super) deleted: bool,
     /// The caller is an admin of a GROUP.
     group_admin: bool,
-    direct: bool,
+    pub(super) direct: bool,
 }
 
-async fn lock_target(
+pub(super) async fn lock_target(
     db: &Store,
     conn: &mut sqlx::PgConnection,
     conversation: ConversationId,
@@ -115,16 +123,20 @@ async fn lock_target(
 
 /// Replaces the body of message `seq` of `conversation`: only its sender may (403 for
 /// another member; 404 for a non-member and for a seq with no message; 409 once it is
-/// deleted). Writes `message.edited` in the same transaction.
+/// deleted), and with it the members it names when `mentions` is given (else they stay).
+/// Writes `message.edited` in the same transaction.
 pub async fn edit(
     db: &Store,
     conversation: ConversationId,
     caller: UserId,
     seq: Seq,
-    body: &str,
+    (body, mentions): (&str, Option<&[UserId]>),
 ) -> Result<Edited, StoreError> {
     db.members.require(&db.pool, conversation, caller).await?;
     let mut tx = db.pool.begin().await?;
+    if mentions.is_some() {
+        super::mentions::lock(&mut tx, &[conversation.get()]).await?;
+    }
     let target = lock_target(db, &mut tx, conversation, caller, seq).await?;
     if target.sender != caller {
         return Err(StoreError::Forbidden {
@@ -141,18 +153,31 @@ pub async fn edit(
         // Under a block nobody writes here; deleting what one wrote stays possible.
         super::blocks::refuse_in_direct(&mut tx, conversation, caller).await?;
     }
-    let message: HistoryMessage = sqlx::query_as(&edit_sql())
+    let mut message: HistoryMessage = sqlx::query_as(&edit_sql())
         .bind(conversation.get())
         .bind(seq.get())
         .bind(body)
         .fetch_one(&mut *tx)
         .await?;
+    let named = match mentions {
+        Some(users) => super::mentions::set(&mut tx, conversation, seq.get(), users).await?,
+        None => super::mentions::of(&mut tx, conversation, seq.get()).await?,
+    };
+    message.mentions = named.iter().map(|u| u.get()).collect();
+    super::reactions::attach(
+        &mut tx,
+        conversation,
+        caller,
+        std::slice::from_mut(&mut message),
+    )
+    .await?;
     touch_conversation(&mut tx, conversation, 0).await?;
     let event = ChatEvent::MessageEdited(MessageEdited {
         conversation_id: conversation,
         seq,
         sender_id: caller,
         body: body.to_owned(),
+        mentions: named,
         edited_at: message.edited_at.unwrap_or(message.created_at),
     });
     db.outbox.write(&mut tx, &[event]).await?;
@@ -208,6 +233,12 @@ pub async fn delete(
         .fetch_one(&mut *tx)
         .await?;
     touch_conversation(&mut tx, conversation, 1).await?;
+    sqlx::query(super::reactions::CLEAR_SQL)
+        .bind(conversation.get())
+        .bind(seq.get())
+        .execute(&mut *tx)
+        .await?;
+    super::mentions::set(&mut tx, conversation, seq.get(), &[]).await?;
     sqlx::query(
         "UPDATE conversation_member SET deleted_read = deleted_read + 1
           WHERE conversation_id = $1 AND last_read_seq >= $2",

@@ -77,6 +77,8 @@ struct Pending {
     sender: UserId,
     client_msg_id: Uuid,
     body: String,
+    /// The members it names, ascending (validated by the route).
+    mentions: Vec<UserId>,
     created_at: DateTime<Utc>,
     reply: oneshot::Sender<Result<SendOutcome, SendError>>,
 }
@@ -141,7 +143,7 @@ impl SendQueue {
         conversation: ConversationId,
         sender: UserId,
         client_msg_id: Uuid,
-        body: &MessageBody,
+        (body, mentions): (&MessageBody, Vec<UserId>),
     ) -> Result<SendOutcome, SendError> {
         // A non-member gets no lane (store/members.rs); the statement checks again.
         let store = &self.inner.store;
@@ -160,6 +162,7 @@ impl SendQueue {
             sender,
             client_msg_id,
             body: body.as_str().to_owned(),
+            mentions,
             created_at: now(),
             reply,
         };
@@ -249,7 +252,7 @@ impl SendQueue {
                 Err(err) => return fail(batch, err),
             },
         };
-        let result = chat_send_many(db, &self.inner.store.outbox, &batch).await;
+        let result = write_rows(db, &self.inner.store.outbox, &batch).await;
         let rows = match result {
             Ok(rows) if rows.len() == batch.len() => rows,
             Ok(rows) => {
@@ -322,6 +325,47 @@ impl Row {
     }
 }
 
+/// The rows of `batch`: [`chat_send_many`] alone, or, for a batch of which a message
+/// names members, in a transaction that takes the named conversations' delete locks
+/// first (the order deletes take them in) and records the mentions after the send
+/// ([`super::mentions`]). A batch without mentions stays one statement.
+async fn write_rows(
+    db: &mut PgConnection,
+    outbox: &Outbox,
+    batch: &[Pending],
+) -> Result<Vec<Row>, sqlx::Error> {
+    use sqlx::Connection;
+    let naming: Vec<i64> = batch
+        .iter()
+        .filter(|p| !p.mentions.is_empty())
+        .map(|p| p.conversation.get())
+        .collect();
+    if naming.is_empty() {
+        return chat_send_many(db, outbox, batch).await;
+    }
+    let mut tx = db.begin().await?;
+    super::mentions::lock(&mut tx, &naming).await?;
+    let rows = chat_send_many(&mut tx, outbox, batch).await?;
+    let sent: Vec<super::mentions::Sent<'_>> = batch
+        .iter()
+        .zip(&rows)
+        .filter(|(p, row)| row.outcome == "created" && !p.mentions.is_empty())
+        .filter_map(|(p, row)| {
+            Some(super::mentions::Sent {
+                conversation: p.conversation,
+                seq: row.seq?,
+                sender: p.sender,
+                created_at: row.created_at?,
+                mentions: &p.mentions,
+            })
+        })
+        .collect();
+    super::mentions::record(&mut tx, &sent).await?;
+    tx.commit().await?;
+    metrics::counter!("send_batches_with_mentions_total").increment(1);
+    Ok(rows)
+}
+
 /// `SELECT * FROM chat_send_many(...)` for `batch`: one round trip, one row per message
 /// in batch order.
 async fn chat_send_many(
@@ -339,6 +383,7 @@ async fn chat_send_many(
             sender_id: p.sender,
             client_msg_id: p.client_msg_id,
             body: p.body.clone(),
+            mentions: p.mentions.clone(),
             created_at: p.created_at,
         });
         heads.push(splice.head);

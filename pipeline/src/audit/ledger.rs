@@ -88,7 +88,9 @@ impl Ledger {
             | ChatEvent::MemberRoleChanged(_)
             | ChatEvent::MessageEdited(_)
             | ChatEvent::MessageDeleted(_)
-            | ChatEvent::DeliveryUpdated(_) => Finding::Fine,
+            | ChatEvent::DeliveryUpdated(_)
+            | ChatEvent::ReactionAdded(_)
+            | ChatEvent::ReactionRemoved(_) => Finding::Fine,
         }
     }
 
@@ -176,6 +178,7 @@ mod tests {
             sender_id: UserId::of(1),
             client_msg_id: uuid::Uuid::nil(),
             body: "x".into(),
+            mentions: Vec::new(),
             created_at: Utc::now(),
         })
     }

@@ -323,7 +323,9 @@ impl Fanout {
             | ChatEvent::ReadUpdated(_)
             | ChatEvent::MessageEdited(_)
             | ChatEvent::MessageDeleted(_)
-            | ChatEvent::DeliveryUpdated(_) => {
+            | ChatEvent::DeliveryUpdated(_)
+            | ChatEvent::ReactionAdded(_)
+            | ChatEvent::ReactionRemoved(_) => {
                 if self.state.members.knows(conversation) {
                     self.state.members.touch(conversation);
                 } else {
@@ -337,6 +339,7 @@ impl Fanout {
             ChatEvent::MessageEdited(e) => e.edited_at,
             ChatEvent::MessageDeleted(e) => e.deleted_at,
             ChatEvent::DeliveryUpdated(e) => e.occurred_at,
+            ChatEvent::ReactionAdded(e) | ChatEvent::ReactionRemoved(e) => e.occurred_at,
             _ => return Ok(()),
         };
         let age = chrono::Utc::now() - occurred_at;

@@ -183,7 +183,9 @@ impl Members {
             | ChatEvent::ReadUpdated(_)
             | ChatEvent::MessageEdited(_)
             | ChatEvent::MessageDeleted(_)
-            | ChatEvent::DeliveryUpdated(_) => return Change::None,
+            | ChatEvent::DeliveryUpdated(_)
+            | ChatEvent::ReactionAdded(_)
+            | ChatEvent::ReactionRemoved(_) => return Change::None,
             ChatEvent::MemberJoined(_)
             | ChatEvent::MemberLeft(_)
             | ChatEvent::MemberRoleChanged(_) => {}

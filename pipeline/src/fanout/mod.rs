@@ -20,6 +20,7 @@
 //! is reloaded from PostgreSQL; an outage is waited out, never dead-lettered.
 
 pub mod changelog;
+pub mod coalesce;
 pub mod commits;
 pub mod events;
 pub mod members;

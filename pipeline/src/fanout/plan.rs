@@ -2,17 +2,19 @@
 //! table in; fanout lists out, one per gateway. Nobody outside `members` is ever on a
 //! list (docs/architecture.md, invariant 6), and offline members are on none.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use chatpipe_schemas::delivery::{
-    Delivery, DELIVERY_UPDATED, MESSAGE_DELETED, MESSAGE_EDITED, MESSAGE_NEW, READ_UPDATED,
+    Delivery, DELIVERY_UPDATED, MENTION, MESSAGE_DELETED, MESSAGE_EDITED, MESSAGE_NEW,
+    REACTION_ADDED, REACTION_REMOVED, READ_UPDATED,
 };
 use chatpipe_schemas::{
     ChatEvent, ConversationId, DeliveryUpdated, MessageDeleted, MessageEdited, MessageNew,
-    ReadUpdated, UserId, Watermark,
+    Reaction, ReadUpdated, UserId,
 };
 
+pub use super::coalesce::Coalescer;
 use super::online::{Gateway, Online};
 
 /// One fanout list and the chat.deliveries partition it goes to.
@@ -87,6 +89,9 @@ pub fn template(kind: &str, conversation: ConversationId, occurred_at: i64) -> D
         last_delivered_seq: None,
         occurred_at,
         client_msg_id: None,
+        reaction_key: None,
+        reaction_count: None,
+        mentions: Vec::new(),
     }
 }
 
@@ -136,6 +141,20 @@ pub fn event(
         ChatEvent::ReadUpdated(e) => read_updated(e, members, online, now),
         ChatEvent::MessageEdited(e) => message_edited(e, members, online, now, light_threshold),
         ChatEvent::MessageDeleted(e) => message_deleted(e, members, online, now, light_threshold),
+        ChatEvent::ReactionAdded(e) | ChatEvent::ReactionRemoved(e) => {
+            let kind = if matches!(event, ChatEvent::ReactionAdded(_)) {
+                REACTION_ADDED
+            } else {
+                REACTION_REMOVED
+            };
+            if members.len() > light_threshold {
+                // The reactor's own devices at once (their "me"); the members coalesced.
+                coalescer.add_reaction(kind, e);
+                reaction(kind, e, [&e.user_id], online, now)
+            } else {
+                reaction(kind, e, members, online, now)
+            }
+        }
         _ => Vec::new(),
     }
 }
@@ -153,13 +172,32 @@ pub fn message_new(
         sender_id: Some(e.sender_id),
         body: Some(e.body.clone()),
         client_msg_id: Some(e.client_msg_id),
+        mentions: e.mentions.clone(),
         ..template(
             MESSAGE_NEW,
             e.conversation_id,
             e.created_at.timestamp_micros(),
         )
     };
-    message_to_members(full, members, online, now_ms, light_threshold)
+    let mut lists = Vec::new();
+    if members.len() > light_threshold && !e.mentions.is_empty() {
+        // The light push says nothing of who is named: the named hear of it at once.
+        let mention = Delivery {
+            seq: Some(e.seq),
+            sender_id: Some(e.sender_id),
+            ..template(MENTION, e.conversation_id, full.occurred_at)
+        };
+        let named = e.mentions.iter().filter(|u| members.contains(u));
+        lists = route(by_gateway(named, online, now_ms), &mention);
+    }
+    lists.extend(message_to_members(
+        full,
+        members,
+        online,
+        now_ms,
+        light_threshold,
+    ));
+    lists
 }
 
 /// message.edited to every online member, as message.new goes, with the new body.
@@ -174,6 +212,7 @@ pub fn message_edited(
         seq: Some(e.seq),
         sender_id: Some(e.sender_id),
         body: Some(e.body.clone()),
+        mentions: e.mentions.clone(),
         ..template(
             MESSAGE_EDITED,
             e.conversation_id,
@@ -253,83 +292,30 @@ pub fn delivery_updated(
     route(by_gateway(members, online, now_ms), &delivery)
 }
 
-/// read.updated and delivery.updated in large groups, coalesced per conversation and
-/// kind: between two ticks a conversation's reads (or deliveries) become one light push
-/// carrying the highest watermark, which tells clients showing "read by N" (or
-/// "delivered to N") to refresh it.
-#[derive(Debug, Default)]
-pub struct Coalescer {
-    pending: HashMap<(ConversationId, &'static str), (Watermark, i64)>,
-}
-
-impl Coalescer {
-    pub fn add_read(&mut self, e: &ReadUpdated) {
-        self.add(
-            e.conversation_id,
-            READ_UPDATED,
-            e.last_read_seq,
-            e.occurred_at,
-        );
-    }
-
-    pub fn add_delivery(&mut self, e: &DeliveryUpdated) {
-        let (c, seq) = (e.conversation_id, e.last_delivered_seq);
-        self.add(c, DELIVERY_UPDATED, seq, e.occurred_at);
-    }
-
-    fn add(
-        &mut self,
-        conversation: ConversationId,
-        kind: &'static str,
-        seq: Watermark,
-        at: chrono::DateTime<chrono::Utc>,
-    ) {
-        let at = at.timestamp_micros();
-        let entry = self
-            .pending
-            .entry((conversation, kind))
-            .or_insert((seq, at));
-        *entry = (entry.0.max(seq), entry.1.max(at));
-    }
-
-    pub fn len(&self) -> usize {
-        self.pending.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.pending.is_empty()
-    }
-
-    /// The light pushes of everything pending, to the online members of each
-    /// conversation (`members_of` answers for the conversations still known).
-    pub fn drain<'m>(
-        &mut self,
-        members_of: impl Fn(ConversationId) -> Option<&'m HashSet<UserId>>,
-        online: &Online,
-        now_ms: i64,
-    ) -> Vec<Routed> {
-        let mut out = Vec::new();
-        for ((conversation_id, kind), (seq, occurred_at)) in self.pending.drain() {
-            let Some(members) = members_of(conversation_id) else {
-                continue;
-            };
-            let read = kind == READ_UPDATED;
-            let delivery = Delivery {
-                light: true,
-                last_read_seq: read.then_some(seq),
-                last_delivered_seq: (!read).then_some(seq),
-                ..template(kind, conversation_id, occurred_at)
-            };
-            out.extend(route(by_gateway(members, online, now_ms), &delivery));
-        }
-        out
-    }
+/// reaction.added or reaction.removed to those of `users` online, with who reacted and
+/// the reaction's count once it committed.
+pub fn reaction<'a>(
+    kind: &str,
+    e: &Reaction,
+    users: impl IntoIterator<Item = &'a UserId>,
+    online: &Online,
+    now_ms: i64,
+) -> Vec<Routed> {
+    let delivery = Delivery {
+        seq: Some(e.seq),
+        user_id: Some(e.user_id),
+        reaction_key: Some(e.key.clone()),
+        reaction_count: Some(e.count),
+        ..template(kind, e.conversation_id, e.occurred_at.timestamp_micros())
+    };
+    route(by_gateway(users, online, now_ms), &delivery)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use chatpipe_schemas::Seq;
+    use chatpipe_schemas::Watermark;
     use chrono::Utc;
 
     fn users(ids: impl IntoIterator<Item = i64>) -> HashSet<UserId> {
@@ -362,6 +348,7 @@ mod tests {
             sender_id: UserId::of(1),
             client_msg_id: uuid::Uuid::new_v4(),
             body: "hello".into(),
+            mentions: Vec::new(),
             created_at: Utc::now(),
         }
     }
@@ -408,6 +395,7 @@ mod tests {
             seq: Seq::of(3),
             sender_id: UserId::of(1),
             body: "better".into(),
+            mentions: Vec::new(),
             edited_at: Utc::now(),
         };
         let routed = message_edited(&edit, &members, &o, 0, 200);

@@ -228,6 +228,7 @@ async fn main() -> anyhow::Result<()> {
                         sender_id: chatpipe_schemas::UserId::of(1),
                         client_msg_id: uuid::Uuid::new_v4(),
                         body: "now".into(),
+                        mentions: Vec::new(),
                         created_at: chrono::Utc::now(),
                     });
                     (conversation, c.encode(&e))

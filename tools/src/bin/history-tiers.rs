@@ -182,6 +182,7 @@ async fn main() -> anyhow::Result<()> {
                         sender_id: UserId::of(1),
                         client_msg_id: Seed::client_msg_id(c, seq),
                         body: Seed::body(c, seq),
+                        mentions: Vec::new(),
                         created_at: chrono::DateTime::from_timestamp_micros(
                             seed_ref.created_us(seq),
                         )

@@ -318,6 +318,11 @@ async fn members(
             break;
         }
     }
+    for c in changed.iter_mut().filter(|c| !c.messages.is_empty()) {
+        let conversation = chatpipe_core::db::id(c.state.conversation_id)?;
+        super::reactions::attach(tx, conversation, user, &mut c.messages).await?;
+        super::mentions::attach(tx, conversation, &mut c.messages).await?;
+    }
     let cut_bytes = cut_at.is_some();
     count_cut(cut_bytes, "bytes");
     count_cut(full && !cut_bytes, "conversations");

@@ -1,0 +1,95 @@
+//! Reactions on the real stack: each change reaches chat.events through Debezium in
+//! commit order, with the count after it, and every online member's sockets as a
+//! reaction frame; a non-member's socket gets nothing of it.
+
+use chatpipe_schemas::ChatEvent;
+use chatpipe_tests::stream::spawn_pipeline;
+use serde_json::Value;
+
+use crate::{is_message, PRESENCE_DEADLINE, PUSH_DEADLINE};
+
+#[tokio::test]
+async fn reactions_reach_chat_events_in_order_and_members_sockets_only() {
+    let p = spawn_pipeline().await;
+    let fanout = p.start_fanout(p.fanout_settings());
+    let gw = p.start_gateway(p.gateway_settings("gw", 0)).await;
+    let (alice, bob, outsider) = (10, 11, 99);
+    let group = p.app.user(alice).create_group(&[bob]).await;
+    let marker = p.app.user(alice).create_group(&[outsider]).await;
+    let mut alice_ws = p.connect(&gw.url, alice).await;
+    let mut bob_ws = p.connect(&gw.url, bob).await;
+    let mut outsider_ws = p.connect(&gw.url, outsider).await;
+    fanout
+        .wait_online(&[alice, bob, outsider], PRESENCE_DEADLINE)
+        .await;
+
+    let seq = p.app.user(alice).send_message(group, "ship it?").await;
+    let path = |key: &str| {
+        let key: String = url::form_urlencoded::byte_serialize(key.as_bytes()).collect();
+        format!("/conversations/{group}/messages/{seq}/reactions/{key}")
+    };
+    p.app.user(bob).put(&path("🚀")).await.expect(200);
+    p.app.user(alice).put(&path("🚀")).await.expect(200);
+    p.app.user(bob).delete(&path("🚀")).await.expect(200);
+
+    // What each member's socket got, in order: two adds and a removal, with counts.
+    let reaction = |f: &Value| {
+        (f["type"] == "reaction.added" || f["type"] == "reaction.removed")
+            && f["conversationId"] == group
+    };
+    for ws in [&mut alice_ws, &mut bob_ws] {
+        let mut got = Vec::new();
+        while got.len() < 3 {
+            let (frame, _) = ws.until(PUSH_DEADLINE, reaction).await;
+            assert_eq!(frame["seq"], seq, "{frame}");
+            assert_eq!(frame["key"], "🚀", "{frame}");
+            got.push((
+                frame["type"].as_str().unwrap().to_owned(),
+                frame["userId"].as_i64().unwrap(),
+                frame["count"].as_i64().unwrap(),
+            ));
+        }
+        assert_eq!(
+            got,
+            vec![
+                ("reaction.added".to_owned(), bob, 1),
+                ("reaction.added".to_owned(), alice, 2),
+                ("reaction.removed".to_owned(), bob, 1),
+            ]
+        );
+    }
+    // The outsider's marker comes after anything about `group` would have.
+    let marker_seq = p.app.user(alice).send_message(marker, "marker").await;
+    let (_, before) = outsider_ws
+        .until(PUSH_DEADLINE, is_message(marker, marker_seq))
+        .await;
+    assert!(
+        before.iter().all(|f| f["conversationId"] != group),
+        "a non-member saw {before:?}"
+    );
+
+    // chat.events, as Debezium wrote it: the same three, in commit order.
+    let of_group = |records: &[chatpipe_tests::stream::Record]| -> Vec<(&'static str, i64, i64)> {
+        records
+            .iter()
+            .filter_map(|r| match &r.event {
+                ChatEvent::ReactionAdded(e) if e.conversation_id.get() == group => {
+                    Some(("added", e.user_id.get(), e.count))
+                }
+                ChatEvent::ReactionRemoved(e) if e.conversation_id.get() == group => {
+                    Some(("removed", e.user_id.get(), e.count))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let records = p
+        .consume_until(PUSH_DEADLINE, |records| of_group(records).len() >= 3)
+        .await;
+    assert_eq!(
+        of_group(&records),
+        vec![("added", bob, 1), ("added", alice, 2), ("removed", bob, 1)]
+    );
+    gw.stop().await.unwrap();
+    p.cleanup().await;
+}
