@@ -13,7 +13,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgConnection;
 
-use super::messages::HistoryMessage;
+use super::messages::{live_seqs, spread_by_seq, HistoryMessage};
 use super::{Store, StoreError};
 
 /// Takes the delete locks of `conversations` exclusive, in id order (the order deletes
@@ -166,11 +166,7 @@ pub async fn attach(
     conversation: ConversationId,
     messages: &mut [HistoryMessage],
 ) -> Result<(), sqlx::Error> {
-    let seqs: Vec<i64> = messages
-        .iter()
-        .filter(|m| !m.deleted)
-        .map(|m| m.seq)
-        .collect();
+    let seqs = live_seqs(messages);
     if seqs.is_empty() {
         return Ok(());
     }
@@ -182,15 +178,7 @@ pub async fn attach(
     .bind(&seqs)
     .fetch_all(conn)
     .await?;
-    let mut by_seq: std::collections::HashMap<i64, Vec<i64>> = Default::default();
-    for (seq, user) in rows {
-        by_seq.entry(seq).or_default().push(user);
-    }
-    for message in messages {
-        if let Some(users) = by_seq.remove(&message.seq) {
-            message.mentions = users;
-        }
-    }
+    spread_by_seq(rows, messages, |m, users| m.mentions = users);
     Ok(())
 }
 

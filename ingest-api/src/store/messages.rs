@@ -40,6 +40,33 @@ pub struct HistoryMessage {
     pub reactions: Vec<super::reactions::ReactionCount>,
 }
 
+/// The seqs of `messages` that are not deleted: those whose reactions and mentions a
+/// page shows (a deleted message has none).
+pub fn live_seqs(messages: &[HistoryMessage]) -> Vec<i64> {
+    messages
+        .iter()
+        .filter(|m| !m.deleted)
+        .map(|m| m.seq)
+        .collect()
+}
+
+/// Hands each of `messages` its rows of `rows` (seq, item), in their order, by `put`.
+pub fn spread_by_seq<T>(
+    rows: Vec<(i64, T)>,
+    messages: &mut [HistoryMessage],
+    put: impl Fn(&mut HistoryMessage, Vec<T>),
+) {
+    let mut by_seq: std::collections::HashMap<i64, Vec<T>> = Default::default();
+    for (seq, item) in rows {
+        by_seq.entry(seq).or_default().push(item);
+    }
+    for message in messages {
+        if let Some(items) = by_seq.remove(&message.seq) {
+            put(message, items);
+        }
+    }
+}
+
 /// The columns a [`HistoryMessage`] is read from, for every query that returns messages.
 pub const MESSAGE_COLUMNS: &str = "seq, sender_id, client_msg_id, body, created_at, edited_at,
      deleted_at IS NOT NULL AS deleted, deleted_at";

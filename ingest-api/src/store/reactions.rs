@@ -12,7 +12,7 @@ use chatpipe_core::{ConversationId, Seq, UserId};
 use chatpipe_schemas::{ChatEvent, Reaction};
 use serde::Serialize;
 
-use super::messages::{lock_target, HistoryMessage};
+use super::messages::{live_seqs, lock_target, spread_by_seq, HistoryMessage};
 use super::{Store, StoreError};
 use crate::domain::ReactionKey;
 
@@ -275,22 +275,11 @@ pub async fn attach(
     caller: UserId,
     messages: &mut [HistoryMessage],
 ) -> Result<(), sqlx::Error> {
-    let seqs: Vec<i64> = messages
-        .iter()
-        .filter(|m| !m.deleted)
-        .map(|m| m.seq)
-        .collect();
+    let seqs = live_seqs(messages);
     if seqs.is_empty() {
         return Ok(());
     }
-    let mut by_seq: std::collections::HashMap<i64, Vec<ReactionCount>> = Default::default();
-    for (seq, reaction) in list(conn, conversation, &seqs, caller).await? {
-        by_seq.entry(seq).or_default().push(reaction);
-    }
-    for message in messages {
-        if let Some(reactions) = by_seq.remove(&message.seq) {
-            message.reactions = reactions;
-        }
-    }
+    let rows = list(conn, conversation, &seqs, caller).await?;
+    spread_by_seq(rows, messages, |m, reactions| m.reactions = reactions);
     Ok(())
 }
