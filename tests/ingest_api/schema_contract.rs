@@ -237,3 +237,29 @@ async fn ingest_api_started_before_the_registry_waits_for_it() {
     let ready = reqwest::get(format!("http://{addr}/readyz")).await.unwrap();
     assert_eq!(ready.status(), 200);
 }
+
+/// Every published version of every schema, registered in order on a subject of its
+/// own at its contract's level: the live registry accepts each one after all those
+/// before it (the offline check in `chatpipe-schemas` is apache-avro's; this is the
+/// registry's own).
+#[tokio::test]
+async fn the_registry_accepts_every_published_version_after_the_ones_before_it() {
+    let registry = registry();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../schemas/history");
+    for contract in chatpipe_schemas::contract::ALL {
+        let subject = Subject::new(contract.history);
+        let mut version = 1;
+        loop {
+            let file = root.join(contract.history).join(format!("v{version}.avsc"));
+            let Ok(schema) = std::fs::read_to_string(&file) else {
+                break;
+            };
+            registry
+                .register_schema(&subject.0, &schema, contract.compatibility)
+                .await
+                .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+            version += 1;
+        }
+        assert!(version > 1, "no published version of {}", contract.history);
+    }
+}
