@@ -174,8 +174,9 @@ pub async fn history(
         messages.reverse();
     }
     let mut conn = db.pool.acquire().await?;
-    super::reactions::attach(&mut conn, conversation, reader, &mut messages).await?;
-    super::mentions::attach(&mut conn, conversation, &mut messages).await?;
+    let shown = &mut [(conversation.get(), &mut messages[..])];
+    super::reactions::attach(&mut conn, reader, shown).await?;
+    super::mentions::attach(&mut conn, shown).await?;
     Ok(HistoryPage {
         messages,
         has_more,

@@ -13,7 +13,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgConnection;
 
-use super::messages::{live_seqs, spread_by_seq, HistoryMessage};
+use super::messages::{live_keys, spread, Shown};
 use super::{Store, StoreError};
 
 /// Takes the delete locks of `conversations` exclusive, in id order (the order deletes
@@ -160,25 +160,28 @@ fn ids(raw: Vec<i64>) -> Result<Vec<UserId>, StoreError> {
         .collect()
 }
 
-/// Fills in the mentions of `messages` of `conversation`.
-pub async fn attach(
-    conn: &mut PgConnection,
-    conversation: ConversationId,
-    messages: &mut [HistoryMessage],
-) -> Result<(), sqlx::Error> {
-    let seqs = live_seqs(messages);
+/// Fills in who each of the messages `shown` names: one statement for all of them.
+pub async fn attach(conn: &mut PgConnection, shown: &mut Shown<'_>) -> Result<(), sqlx::Error> {
+    let (conversations, seqs) = live_keys(shown);
     if seqs.is_empty() {
         return Ok(());
     }
-    let rows: Vec<(i64, i64)> = sqlx::query_as(
-        "SELECT seq, user_id FROM message_mention
-          WHERE conversation_id = $1 AND seq = ANY($2) ORDER BY seq, user_id",
+    let rows: Vec<(i64, i64, i64)> = sqlx::query_as(
+        "SELECT n.conversation_id, n.seq, n.user_id
+           FROM unnest($1::bigint[], $2::bigint[]) AS p(conversation_id, seq)
+           JOIN message_mention n
+             ON n.conversation_id = p.conversation_id AND n.seq = p.seq
+          ORDER BY n.conversation_id, n.seq, n.user_id",
     )
-    .bind(conversation.get())
+    .bind(&conversations)
     .bind(&seqs)
     .fetch_all(conn)
     .await?;
-    spread_by_seq(rows, messages, |m, users| m.mentions = users);
+    let rows = rows
+        .into_iter()
+        .map(|(c, seq, user)| ((c, seq), user))
+        .collect();
+    spread(rows, shown, |m, users| m.mentions = users);
     Ok(())
 }
 

@@ -40,29 +40,40 @@ pub struct HistoryMessage {
     pub reactions: Vec<super::reactions::ReactionCount>,
 }
 
-/// The seqs of `messages` that are not deleted: those whose reactions and mentions a
-/// page shows (a deleted message has none).
-pub fn live_seqs(messages: &[HistoryMessage]) -> Vec<i64> {
-    messages
+/// Messages of one or more conversations as a history page or a sync answer holds
+/// them: (conversation id, its messages).
+pub type Shown<'a> = [(i64, &'a mut [HistoryMessage])];
+
+/// The (conversations, seqs) of the messages of `shown` that are not deleted: those
+/// whose reactions and mentions are shown (a deleted message has none).
+pub fn live_keys(shown: &Shown<'_>) -> (Vec<i64>, Vec<i64>) {
+    shown
         .iter()
-        .filter(|m| !m.deleted)
-        .map(|m| m.seq)
-        .collect()
+        .flat_map(|(conversation, messages)| {
+            messages
+                .iter()
+                .filter(|m| !m.deleted)
+                .map(move |m| (*conversation, m.seq))
+        })
+        .unzip()
 }
 
-/// Hands each of `messages` its rows of `rows` (seq, item), in their order, by `put`.
-pub fn spread_by_seq<T>(
-    rows: Vec<(i64, T)>,
-    messages: &mut [HistoryMessage],
+/// Hands each message of `shown` its items of `rows` ((conversation, seq), item), in
+/// their order, by `put`.
+pub fn spread<T>(
+    rows: Vec<((i64, i64), T)>,
+    shown: &mut Shown<'_>,
     put: impl Fn(&mut HistoryMessage, Vec<T>),
 ) {
-    let mut by_seq: std::collections::HashMap<i64, Vec<T>> = Default::default();
-    for (seq, item) in rows {
-        by_seq.entry(seq).or_default().push(item);
+    let mut by_key: std::collections::HashMap<(i64, i64), Vec<T>> = Default::default();
+    for (key, item) in rows {
+        by_key.entry(key).or_default().push(item);
     }
-    for message in messages {
-        if let Some(items) = by_seq.remove(&message.seq) {
-            put(message, items);
+    for (conversation, messages) in shown.iter_mut() {
+        for message in messages.iter_mut() {
+            if let Some(items) = by_key.remove(&(*conversation, message.seq)) {
+                put(message, items);
+            }
         }
     }
 }
@@ -191,13 +202,8 @@ pub async fn edit(
         None => super::mentions::of(&mut tx, conversation, seq.get()).await?,
     };
     message.mentions = named.iter().map(|u| u.get()).collect();
-    super::reactions::attach(
-        &mut tx,
-        conversation,
-        caller,
-        std::slice::from_mut(&mut message),
-    )
-    .await?;
+    let shown = &mut [(conversation.get(), std::slice::from_mut(&mut message))];
+    super::reactions::attach(&mut tx, caller, shown).await?;
     touch_conversation(&mut tx, conversation, 0).await?;
     let event = ChatEvent::MessageEdited(MessageEdited {
         conversation_id: conversation,
@@ -303,4 +309,49 @@ async fn touch_conversation(
     .execute(conn)
     .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(seq: i64, deleted: bool) -> HistoryMessage {
+        HistoryMessage {
+            seq,
+            sender_id: 1,
+            client_msg_id: Uuid::nil(),
+            body: (!deleted).then(|| "hi".into()),
+            created_at: DateTime::from_timestamp_micros(seq).unwrap(),
+            edited_at: None,
+            deleted,
+            deleted_at: None,
+            mentions: Vec::new(),
+            reactions: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn rows_reach_their_own_conversations_message_of_a_seq_two_conversations_share() {
+        let mut first = vec![message(1, false), message(2, true), message(3, false)];
+        let mut second = vec![message(1, false), message(3, false)];
+        let mut shown: Vec<(i64, &mut [HistoryMessage])> = vec![(7, &mut first), (9, &mut second)];
+        assert_eq!(
+            live_keys(&shown),
+            (vec![7, 7, 9, 9], vec![1, 3, 1, 3]),
+            "a deleted message shows nothing"
+        );
+        let rows = vec![
+            ((7, 1), 20),
+            ((7, 1), 21),
+            ((9, 1), 30),
+            ((9, 3), 31),
+            ((8, 1), 99),
+        ];
+        spread(rows, &mut shown, |m, users| m.mentions = users);
+        let of = |messages: &[HistoryMessage]| -> Vec<Vec<i64>> {
+            messages.iter().map(|m| m.mentions.clone()).collect()
+        };
+        assert_eq!(of(&first), vec![vec![20, 21], vec![], vec![]]);
+        assert_eq!(of(&second), vec![vec![30], vec![31]]);
+    }
 }

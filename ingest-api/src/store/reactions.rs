@@ -12,7 +12,7 @@ use chatpipe_core::{ConversationId, Seq, UserId};
 use chatpipe_schemas::{ChatEvent, Reaction};
 use serde::Serialize;
 
-use super::messages::{live_seqs, lock_target, spread_by_seq, HistoryMessage};
+use super::messages::{live_keys, lock_target, spread, Shown};
 use super::{Store, StoreError};
 use crate::domain::ReactionKey;
 
@@ -45,14 +45,16 @@ pub enum Change {
     Remove,
 }
 
-/// The reactions of the messages `$2` of conversation `$1`, `me` for user `$3`.
-const LIST_SQL: &str = "SELECT c.seq, c.reaction AS key, c.count,
+/// The reactions of the messages (`$1`, `$2`) (conversations and seqs, pairwise), `me`
+/// for user `$3`, by message, keys in the order they first appeared.
+const LIST_SQL: &str = "SELECT c.conversation_id, c.seq, c.reaction AS key, c.count,
         EXISTS (SELECT 1 FROM message_reaction r
                  WHERE r.conversation_id = c.conversation_id AND r.seq = c.seq
                    AND r.reaction = c.reaction AND r.user_id = $3) AS me
-   FROM message_reaction_count c
-  WHERE c.conversation_id = $1 AND c.seq = ANY($2)
-  ORDER BY c.seq, c.first_at, c.reaction";
+   FROM unnest($1::bigint[], $2::bigint[]) AS p(conversation_id, seq)
+   JOIN message_reaction_count c
+     ON c.conversation_id = p.conversation_id AND c.seq = p.seq
+  ORDER BY c.conversation_id, c.seq, c.first_at, c.reaction";
 
 const ADD_SQL: &str = "INSERT INTO message_reaction (conversation_id, seq, reaction, user_id)
      VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING";
@@ -125,7 +127,8 @@ pub async fn change(
         }
         None => None,
     };
-    let reactions = list(&mut tx, conversation, &[seq.get()], caller).await?;
+    let keys = (&[conversation.get()][..], &[seq.get()][..]);
+    let reactions = list(&mut tx, keys, caller).await?;
     tx.commit().await?;
     if let Some(label) = changed {
         metrics::counter!("reactions_changed_total", "change" => label).increment(1);
@@ -246,40 +249,43 @@ async fn remove(
     Ok(Some(left.unwrap_or(0)))
 }
 
-/// The reactions of messages `seqs` of `conversation`, by seq, `me` for `caller`.
+/// The reactions of the messages `keys` ((conversations, seqs)), `me` for `caller`.
 async fn list(
     conn: &mut sqlx::PgConnection,
-    conversation: ConversationId,
-    seqs: &[i64],
+    (conversations, seqs): (&[i64], &[i64]),
     caller: UserId,
-) -> Result<Vec<(i64, ReactionCount)>, sqlx::Error> {
+) -> Result<Vec<((i64, i64), ReactionCount)>, sqlx::Error> {
     #[derive(sqlx::FromRow)]
     struct Row {
+        conversation_id: i64,
         seq: i64,
         #[sqlx(flatten)]
         reaction: ReactionCount,
     }
     let rows: Vec<Row> = sqlx::query_as(LIST_SQL)
-        .bind(conversation.get())
+        .bind(conversations)
         .bind(seqs)
         .bind(caller.get())
         .fetch_all(conn)
         .await?;
-    Ok(rows.into_iter().map(|r| (r.seq, r.reaction)).collect())
+    Ok(rows
+        .into_iter()
+        .map(|r| ((r.conversation_id, r.seq), r.reaction))
+        .collect())
 }
 
-/// Fills in the reactions of `messages` of `conversation` (deleted ones have none).
+/// Fills in the reactions of the messages `shown` (deleted ones have none), `me` for
+/// `caller`: one statement for all of them.
 pub async fn attach(
     conn: &mut sqlx::PgConnection,
-    conversation: ConversationId,
     caller: UserId,
-    messages: &mut [HistoryMessage],
+    shown: &mut Shown<'_>,
 ) -> Result<(), sqlx::Error> {
-    let seqs = live_seqs(messages);
+    let (conversations, seqs) = live_keys(shown);
     if seqs.is_empty() {
         return Ok(());
     }
-    let rows = list(conn, conversation, &seqs, caller).await?;
-    spread_by_seq(rows, messages, |m, reactions| m.reactions = reactions);
+    let rows = list(conn, (&conversations, &seqs), caller).await?;
+    spread(rows, shown, |m, reactions| m.reactions = reactions);
     Ok(())
 }

@@ -318,11 +318,13 @@ async fn members(
             break;
         }
     }
-    for c in changed.iter_mut().filter(|c| !c.messages.is_empty()) {
-        let conversation = chatpipe_core::db::id(c.state.conversation_id)?;
-        super::reactions::attach(tx, conversation, user, &mut c.messages).await?;
-        super::mentions::attach(tx, conversation, &mut c.messages).await?;
-    }
+    // Reactions and mentions of every message of the answer: one statement each.
+    let mut shown: Vec<(i64, &mut [HistoryMessage])> = changed
+        .iter_mut()
+        .map(|c| (c.state.conversation_id, &mut c.messages[..]))
+        .collect();
+    super::reactions::attach(tx, user, &mut shown).await?;
+    super::mentions::attach(tx, &mut shown).await?;
     let cut_bytes = cut_at.is_some();
     count_cut(cut_bytes, "bytes");
     count_cut(full && !cut_bytes, "conversations");
