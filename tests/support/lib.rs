@@ -718,21 +718,26 @@ pub fn late_registry(after: Duration) -> (String, std::time::Instant) {
     )
 }
 
-/// A port on 127.0.0.1 that refuses connections for `after`, then forwards each one to
-/// `target` (`host:port`): the registry or the broker as seen by a service that started
-/// before it. Returns the port and when it opens.
+/// A port on 127.0.0.1 that turns connections away for `after` (each is closed at once,
+/// unanswered), then forwards each one to `target` (`host:port`): the registry or the
+/// broker as seen by a service that started before it. Returns the port and when it
+/// opens. The port is held from the start: binding it only when it opens lost it, now
+/// and then, to another test's socket in between (`AddrInUse`).
 pub fn late_port(target: &str, after: Duration) -> (u16, std::time::Instant) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    listener
+        .set_nonblocking(true)
+        .expect("a non-blocking listener");
+    let port = listener.local_addr().expect("its address").port();
+    let opens = std::time::Instant::now() + after;
     let target = target.to_owned();
     tokio::spawn(async move {
-        tokio::time::sleep(after).await;
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
-            .await
-            .expect("binding the late port");
+        let listener = tokio::net::TcpListener::from_std(listener).expect("the late port");
         while let Ok((mut inbound, _)) = listener.accept().await {
+            if std::time::Instant::now() < opens {
+                drop(inbound);
+                continue;
+            }
             let target = target.clone();
             tokio::spawn(async move {
                 if let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await {
@@ -741,7 +746,7 @@ pub fn late_port(target: &str, after: Duration) -> (u16, std::time::Instant) {
             });
         }
     });
-    (port, std::time::Instant::now() + after)
+    (port, opens)
 }
 
 /// The registry as a replica restored from an old backup sees it: for `forget_for` from
