@@ -294,7 +294,7 @@ pub async fn delete(
 
 /// Records that this transaction changed the conversation (for sync), adding `deleted`
 /// to its count of deleted messages.
-async fn touch_conversation(
+pub(super) async fn touch_conversation(
     conn: &mut sqlx::PgConnection,
     conversation: ConversationId,
     deleted: i64,

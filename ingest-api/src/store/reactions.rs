@@ -80,11 +80,10 @@ const COUNT_DOWN_SQL: &str = "UPDATE message_reaction_count SET count = count - 
 const COUNT_GONE_SQL: &str = "DELETE FROM message_reaction_count
       WHERE conversation_id = $1 AND seq = $2 AND reaction = $3";
 
-/// Sync reports the message and the conversation as changed by this transaction.
+/// Sync reports the message as changed by this transaction (the conversation too:
+/// [`super::messages::touch_conversation`], as edits do).
 const STAMP_MESSAGE_SQL: &str = "UPDATE message SET changed_xid = pg_current_xact_id()
       WHERE conversation_id = $1 AND seq = $2";
-const STAMP_CONVERSATION_SQL: &str =
-    "UPDATE conversation SET changed_xid = pg_current_xact_id() WHERE id = $1";
 
 /// Removes every reaction of a message (its delete does, in its transaction).
 pub const CLEAR_SQL: &str = "WITH gone AS (
@@ -154,10 +153,7 @@ async fn record(
         .bind(seq.get())
         .execute(&mut *tx)
         .await?;
-    sqlx::query(STAMP_CONVERSATION_SQL)
-        .bind(conversation.get())
-        .execute(&mut *tx)
-        .await?;
+    super::messages::touch_conversation(tx, conversation, 0).await?;
     let reaction = Reaction {
         conversation_id: conversation,
         seq,
