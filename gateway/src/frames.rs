@@ -72,6 +72,9 @@ pub struct MessageNew {
     /// The members it names; absent if none.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub mentions: Vec<UserId>,
+    /// A reply: its thread's root; absent for a top-level message.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub thread_root_seq: Option<Seq>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -105,6 +108,9 @@ pub struct LightMessage {
     pub conversation_id: ConversationId,
     pub seq: Option<Seq>,
     pub light: bool,
+    /// message.new of a reply: its thread's root.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub thread_root_seq: Option<Seq>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -187,6 +193,7 @@ impl Frame {
                 created_at: at,
                 client_msg_id: d.client_msg_id,
                 mentions: d.mentions.clone(),
+                thread_root_seq: d.thread_root_seq,
             })),
             MESSAGE_EDITED => Self::MessageEdited(Pushed::Full(MessageEdited {
                 message,
@@ -253,6 +260,8 @@ fn light_message<Full>(d: &Delivery) -> Pushed<Full, LightMessage> {
         conversation_id: d.conversation_id,
         seq: d.seq,
         light: true,
+        // Where a new reply belongs; an edit or delete is found by its seq.
+        thread_root_seq: d.thread_root_seq.filter(|_| d.event_type == MESSAGE_NEW),
     })
 }
 
@@ -279,6 +288,7 @@ mod tests {
             reaction_key: Some("👍".into()),
             reaction_count: Some(2),
             mentions: Vec::new(),
+            thread_root_seq: None,
         }
     }
 

@@ -99,6 +99,7 @@ impl From<SendError> for ApiError {
             SendError::ClientIdReused { .. } => {
                 ApiError::conflict("client-msg-id-reused", err.to_string())
             }
+            SendError::BadThreadRoot { .. } => ApiError::invalid("threadRootSeq", err.to_string()),
             SendError::Busy { .. } | SendError::Database(_) => {
                 ApiError::SendUnavailable(err.to_string())
             }

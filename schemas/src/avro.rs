@@ -275,6 +275,7 @@ pub fn to_value(event: &ChatEvent) -> Value {
                 ("clientMsgId", Value::Uuid(e.client_msg_id)),
                 ("body", Value::String(e.body.clone())),
                 ("mentions", longs(&e.mentions)),
+                ("threadRootSeq", opt_long(e.thread_root_seq)),
             ]),
         ),
         ChatEvent::ReadUpdated(e) => (
@@ -593,6 +594,12 @@ pub fn from_value(value: Value) -> Result<ChatEvent, CodecError> {
             client_msg_id: p.uuid("clientMsgId")?,
             body: p.string("body")?,
             mentions: mentions(&mut p)?,
+            // Absent in records written before threads (chat_event.avsc v7).
+            thread_root_seq: if p.has("threadRootSeq") {
+                p.opt_id("threadRootSeq")?
+            } else {
+                None
+            },
             created_at: occurred_at,
         }),
         "read.updated" => ChatEvent::ReadUpdated(ReadUpdated {
@@ -682,6 +689,7 @@ mod tests {
                 client_msg_id: uuid::Uuid::new_v4(),
                 body: "Hallo Gruppe 👋".into(),
                 mentions: vec![UserId::of(20), UserId::of(21)],
+                thread_root_seq: Some(Seq::of(40)),
                 created_at: at(),
             }),
             ChatEvent::ReadUpdated(ReadUpdated {

@@ -42,6 +42,8 @@ pub struct Delivery {
     pub reaction_count: Option<i64>,
     /// message.new, message.edited (full): the members the message names.
     pub mentions: Vec<UserId>,
+    /// message.new, mention: the reply's thread root.
+    pub thread_root_seq: Option<Seq>,
 }
 
 #[derive(Debug, Clone)]
@@ -82,6 +84,7 @@ impl DeliveryCodec {
                 "mentions",
                 Value::Array(d.mentions.iter().map(|u| long(*u)).collect()),
             ),
+            ("threadRootSeq", opt_long(d.thread_root_seq)),
         ]))
     }
 }
@@ -126,6 +129,12 @@ impl Delivery {
             } else {
                 Vec::new()
             },
+            // Absent in lists written before threads (delivery.avsc v7).
+            thread_root_seq: if f.has("threadRootSeq") {
+                f.opt_id("threadRootSeq")?
+            } else {
+                None
+            },
         })
     }
 }
@@ -154,6 +163,7 @@ mod tests {
             reaction_key: None,
             reaction_count: None,
             mentions: vec![UserId::of(2)],
+            thread_root_seq: Some(Seq::of(3)),
         };
         let light = Delivery {
             light: true,

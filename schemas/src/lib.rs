@@ -142,6 +142,9 @@ pub struct MessageNew {
     /// The members the message names, ascending; never the sender.
     #[serde(default)]
     pub mentions: Vec<UserId>,
+    /// A reply: its thread's root, a top-level message of the same conversation.
+    #[serde(default)]
+    pub thread_root_seq: Option<Seq>,
     pub created_at: DateTime<Utc>,
 }
 

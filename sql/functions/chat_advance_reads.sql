@@ -11,6 +11,11 @@ BEGIN
            deleted_read = m.deleted_read + (
                SELECT count(*) FROM message d
                 WHERE d.conversation_id = m.conversation_id AND d.deleted_at IS NOT NULL
+                  AND d.thread_root_seq IS NULL
+                  AND d.seq > m.last_read_seq AND d.seq <= LEAST(b.seq, c.last_seq)),
+           reply_read = m.reply_read + (
+               SELECT count(*) FROM message d
+                WHERE d.conversation_id = m.conversation_id AND d.thread_root_seq IS NOT NULL
                   AND d.seq > m.last_read_seq AND d.seq <= LEAST(b.seq, c.last_seq)),
            mention_read = m.mention_read + (
                SELECT count(*) FROM message_mention n

@@ -1,4 +1,4 @@
-CREATE OR REPLACE FUNCTION public.chat_send_many(p_conversations bigint[], p_senders bigint[], p_client_ids uuid[], p_bodies text[], p_created_at timestamp with time zone[], p_event_ids uuid[], p_heads bytea[], p_tails bytea[], p_aggregatetype text, p_clear_outbox boolean)
+CREATE OR REPLACE FUNCTION public.chat_send_many(p_conversations bigint[], p_senders bigint[], p_client_ids uuid[], p_bodies text[], p_created_at timestamp with time zone[], p_event_ids uuid[], p_heads bytea[], p_tails bytea[], p_aggregatetype text, p_clear_outbox boolean, p_roots bigint[] DEFAULT NULL::bigint[])
  RETURNS TABLE(outcome text, seq bigint, created_at timestamp with time zone)
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
@@ -15,9 +15,9 @@ BEGIN
                s.seq AS s_seq, s.sender_id AS s_sender, s.body AS s_body,
                s.created_at AS s_at
           FROM unnest(p_conversations, p_senders, p_client_ids, p_bodies, p_created_at,
-                      p_event_ids, p_heads, p_tails)
+                      p_event_ids, p_heads, p_tails, p_roots)
                WITH ORDINALITY AS r(conv, sender, client_id, body, at, event_id, head,
-                                    tail, i)
+                                    tail, root, i)
           LEFT JOIN LATERAL (
                 SELECT c.last_seq FROM conversation c WHERE c.id = r.conv LIMIT 1) cv ON true
           LEFT JOIN LATERAL (
@@ -44,30 +44,42 @@ BEGIN
     ),
     fresh AS (
         SELECT l.i, l.conv, l.sender, l.client_id, l.body, l.at, l.event_id, l.head,
-               l.tail, l.top + row_number() OVER (PARTITION BY l.conv ORDER BY l.i) AS seq
+               l.tail, l.root,
+               l.top + row_number() OVER (PARTITION BY l.conv ORDER BY l.i) AS seq
           FROM looked l
          WHERE l.member AND l.s_seq IS NULL AND l.nth = 1
     ),
     ins AS (
-        INSERT INTO message (conversation_id, seq, sender_id, client_msg_id, body, created_at)
-        SELECT f.conv, f.seq, f.sender, f.client_id, f.body, f.at FROM fresh f
+        INSERT INTO message (conversation_id, seq, sender_id, client_msg_id, body, created_at,
+                             thread_root_seq)
+        SELECT f.conv, f.seq, f.sender, f.client_id, f.body, f.at, f.root FROM fresh f
     ),
     conv AS (
         UPDATE conversation c
            SET last_seq = l.seq, last_message_at = l.at, last_activity_at = l.at,
+               reply_count = c.reply_count + l.replies,
                changed_xid = pg_current_xact_id()
-          FROM (SELECT DISTINCT ON (f.conv) f.conv, f.seq, f.at
+          FROM (SELECT DISTINCT ON (f.conv) f.conv, f.seq, f.at,
+                       count(f.root) OVER (PARTITION BY f.conv) AS replies
                   FROM fresh f ORDER BY f.conv, f.seq DESC) AS l
          WHERE c.id = l.conv
     ),
-    -- A sender has read what they sent, and passed over the deleted seqs on the way.
+    -- A sender has read what they sent, and passed over the deleted seqs and the
+    -- replies on the way.
     reads AS (
         UPDATE conversation_member m
            SET last_read_seq = GREATEST(m.last_read_seq, t.seq),
                deleted_read = m.deleted_read + (
                    SELECT count(*) FROM message d
                     WHERE d.conversation_id = t.conv AND d.deleted_at IS NOT NULL
+                      AND d.thread_root_seq IS NULL
                       AND d.seq > m.last_read_seq AND d.seq <= t.seq),
+               reply_read = m.reply_read + (
+                   SELECT count(*) FROM message d
+                    WHERE d.conversation_id = t.conv AND d.thread_root_seq IS NOT NULL
+                      AND d.seq > m.last_read_seq AND d.seq <= t.seq) + (
+                   SELECT count(*) FROM fresh r
+                    WHERE r.conv = t.conv AND r.root IS NOT NULL AND r.seq <= t.seq),
                mention_read = m.mention_read + (
                    SELECT count(*) FROM message_mention n
                     WHERE n.conversation_id = t.conv AND n.user_id = t.sender

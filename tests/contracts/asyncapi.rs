@@ -102,6 +102,7 @@ fn every_frame_the_gateway_makes_is_valid_against_its_asyncapi_payload() {
         reaction_key: Some("👍".into()),
         reaction_count: Some(2),
         mentions: vec![UserId::of(8)],
+        thread_root_seq: Some(Seq::of(3)),
     };
     let mut frames = Vec::new();
     for (event_type, message) in [

@@ -110,6 +110,18 @@ fn conversation_requests(seq: i64) -> BTreeMap<(&'static str, &'static str), Opt
             ("put", "/conversations/{id}/notifications"),
             Some(json!({"level": "none"})),
         ),
+        (
+            ("put", "/conversations/{id}/threads/{rootSeq}/follow"),
+            None,
+        ),
+        (
+            ("delete", "/conversations/{id}/threads/{rootSeq}/follow"),
+            None,
+        ),
+        (
+            ("post", "/conversations/{id}/threads/{rootSeq}/read"),
+            Some(json!({"seq": seq})),
+        ),
     ])
 }
 
@@ -148,6 +160,7 @@ async fn a_non_member_is_refused_on_every_conversation_endpoint_as_if_it_did_not
             let path = template
                 .replace("{id}", &id.to_string())
                 .replace("{seq}", &seq.to_string())
+                .replace("{rootSeq}", &seq.to_string())
                 .replace("{userId}", "20")
                 .replace("{key}", "%F0%9F%91%8D");
             let res = match (*method, body) {
@@ -188,6 +201,12 @@ async fn a_non_member_is_refused_on_every_conversation_endpoint_as_if_it_did_not
             .await,
         0,
         "no member's notifications changed"
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM message_thread").await
+            + app.count("SELECT count(*) FROM thread_follow").await,
+        0,
+        "no thread made or followed"
     );
     assert_eq!(
         app.count(

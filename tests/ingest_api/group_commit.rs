@@ -338,6 +338,7 @@ async fn the_seq_spliced_by_postgresql_gives_the_bytes_the_codec_writes() {
         client_msg_id: Uuid::new_v4(),
         body: "Grüße 👋".into(),
         mentions: Vec::new(),
+        thread_root_seq: None,
         created_at: chatpipe_core::outbox::now(),
     };
     let splice = app.codec.message_new_around_seq(message.clone());

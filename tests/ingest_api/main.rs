@@ -30,4 +30,5 @@ mod sql_functions;
 mod sync;
 mod sync_origin;
 mod sync_pages;
+mod threads;
 mod watchdog;

@@ -17,11 +17,17 @@ const BEFORE_PARTITIONING: i64 = 20261205000001;
 const PARTITIONS: i64 = 16;
 
 /// Every row of `message`, as text, in key order: what must survive the conversion.
+/// Every message row, with the columns the table had before partitioning (later
+/// migrations add columns of their own).
 async fn all_rows(db: &mut PgConnection) -> Vec<String> {
-    sqlx::query_scalar("SELECT m::text FROM message m ORDER BY conversation_id, seq")
-        .fetch_all(db)
-        .await
-        .unwrap()
+    sqlx::query_scalar(
+        "SELECT (m.conversation_id, m.seq, m.sender_id, m.client_msg_id, m.body, m.created_at,
+                 m.edited_at, m.deleted_at, m.deleted_by, m.changed_xid)::text
+           FROM message m ORDER BY conversation_id, seq",
+    )
+    .fetch_all(db)
+    .await
+    .unwrap()
 }
 
 async fn partition_of(db: &mut PgConnection, conversation: i64) -> String {

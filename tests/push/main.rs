@@ -12,6 +12,7 @@ mod membership;
 mod mentions;
 mod reactions;
 mod slow_client;
+mod threads;
 mod tokens;
 mod typing;
 

@@ -49,6 +49,7 @@ async fn the_auditor_counts_gaps_duplicates_and_backward_reads_and_alarms_on_the
             client_msg_id: uuid::Uuid::new_v4(),
             body: format!("s{seq}"),
             mentions: Vec::new(),
+            thread_root_seq: None,
             created_at: chrono::Utc::now(),
         })
     };

@@ -26,11 +26,22 @@ const QUICK_RETENTION: [(&str, &str); 3] = [
 ];
 
 /// Messages `seqs` of `conv` (Alice, Bob and Carol in turn), every 7th edited by its
-/// sender, every 5th deleted (every 10th by Alice, the admin).
+/// sender, every 5th deleted (every 10th by Alice, the admin); a message with
+/// `seq % 6 == 2` replies to the one before it, unless that one is deleted.
 async fn fill(app: &TestApp, conv: i64, seqs: std::ops::RangeInclusive<i64>) {
     for i in seqs {
         let sender = [1, 2, 3][(i % 3) as usize];
-        let seq = app.user(sender).send_message(conv, &format!("m{i}")).await;
+        let mut message = json!({"clientMsgId": uuid::Uuid::new_v4(), "body": format!("m{i}")});
+        if is_reply(i) {
+            message["threadRootSeq"] = json!(i - 1);
+        }
+        let seq = app
+            .user(sender)
+            .post(&format!("/conversations/{conv}/messages"), message)
+            .await
+            .expect(201)["seq"]
+            .as_i64()
+            .unwrap();
         assert_eq!(seq, i);
         let path = format!("/conversations/{conv}/messages/{seq}");
         if i % 7 == 0 {
@@ -42,6 +53,10 @@ async fn fill(app: &TestApp, conv: i64, seqs: std::ops::RangeInclusive<i64>) {
             app.user(by).delete(&path).await.expect(204);
         }
     }
+}
+
+fn is_reply(seq: i64) -> bool {
+    seq % 6 == 2 && (seq - 1) % 5 != 0
 }
 
 /// Every message of `conv` by pages of `limit`, newest page first (`beforeSeq`), in
@@ -186,6 +201,8 @@ async fn history_pages_the_same_across_the_tiers_and_archived_messages_change_as
         for (row, message) in cold.iter().zip(expected) {
             assert_eq!(row.seq, message["seq"].as_i64().unwrap());
             assert_eq!(row.body.as_deref(), message["body"].as_str());
+            assert_eq!(row.thread_root, message["threadRootSeq"].as_i64());
+            assert_eq!(row.thread_root.is_some(), is_reply(row.seq));
         }
     }
     let m = moved(&p, &conversations).await;
@@ -284,6 +301,22 @@ async fn archived_messages_change_as_hot_ones(p: &Pipeline, conv: i64, before: &
     assert_eq!(page["messages"][0]["body"], "late edit");
     assert_eq!(page["messages"][1]["deleted"], true);
     assert!(page["messages"][1].get("body").is_none());
+    // Seq 8 is Carol's reply to 7, archived: deleting it takes it from its thread and
+    // from no other count (the reply came back from Cassandra with its root).
+    let counts = || async {
+        sqlx::query_as::<_, (i64, i64, i64)>(
+            "SELECT c.deleted_count, c.reply_count, t.reply_count
+               FROM conversation c JOIN message_thread t ON t.conversation_id = c.id
+              WHERE c.id = $1 AND t.root_seq = 7",
+        )
+        .bind(conv)
+        .fetch_one(&p.app.pool)
+        .await
+        .unwrap()
+    };
+    let (deleted, replies, in_thread) = counts().await;
+    p.app.user(3).delete(&path(8)).await.expect(204);
+    assert_eq!(counts().await, (deleted, replies, in_thread - 1));
 
     // The archiver again: both changes reach Cassandra, and the rows leave PostgreSQL.
     let cql = session().await;

@@ -217,6 +217,7 @@ pub fn old_messages(
             client_msg_id: uuid::Uuid::nil(),
             body: "old".into(),
             mentions: Vec::new(),
+            thread_root_seq: None,
             created_at: at,
         });
         (conversation, codec.encode(&event))

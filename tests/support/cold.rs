@@ -25,6 +25,7 @@ pub struct Row {
     pub edited_at: Option<i64>,
     pub deleted_at: Option<i64>,
     pub deleted_by: Option<i64>,
+    pub thread_root: Option<i64>,
 }
 
 pub fn cassandra_nodes() -> String {
@@ -90,13 +91,14 @@ pub async fn postgres_rows(pool: &sqlx::PgPool, conversation: i64) -> Vec<Row> {
         Option<i64>,
         Option<i64>,
         Option<i64>,
+        Option<i64>,
     );
     let rows: Vec<PgRow> = sqlx::query_as(
         "SELECT seq, sender_id, client_msg_id, body,
                 (extract(epoch FROM created_at) * 1000000)::BIGINT,
                 (extract(epoch FROM edited_at) * 1000000)::BIGINT,
                 (extract(epoch FROM deleted_at) * 1000000)::BIGINT,
-                deleted_by
+                deleted_by, thread_root_seq
            FROM message WHERE conversation_id = $1 ORDER BY seq",
     )
     .bind(conversation)
@@ -113,6 +115,7 @@ pub async fn postgres_rows(pool: &sqlx::PgPool, conversation: i64) -> Vec<Row> {
             edited_at: r.5,
             deleted_at: r.6,
             deleted_by: r.7,
+            thread_root: r.8,
         })
         .collect()
 }
@@ -137,6 +140,7 @@ pub async fn cassandra_rows(
         Option<i64>,
         Option<i64>,
         Option<i64>,
+        Option<i64>,
     );
     let mut out = Vec::new();
     for bucket in 0..=last_seq / bucket_size {
@@ -144,7 +148,7 @@ pub async fn cassandra_rows(
             .query_unpaged(
                 format!(
                     "SELECT seq, sender_id, client_msg_id, body, created_at_us, edited_at_us,
-                            deleted_at_us, deleted_by
+                            deleted_at_us, deleted_by, thread_root_seq
                        FROM {keyspace}.message WHERE conversation_id = ? AND bucket = ?"
                 ),
                 (conversation, bucket),
@@ -162,6 +166,7 @@ pub async fn cassandra_rows(
                 edited_at: r.5,
                 deleted_at: r.6,
                 deleted_by: r.7,
+                thread_root: r.8,
             });
         }
     }

@@ -69,6 +69,8 @@ pub enum Change {
         client_msg_id: uuid::Uuid,
         body: String,
         created_at: i64,
+        /// A reply's thread root.
+        thread_root: Option<i64>,
     },
     Edited {
         conversation: i64,
@@ -97,6 +99,7 @@ impl Change {
                 client_msg_id: m.client_msg_id,
                 body: m.body.clone(),
                 created_at: micros(m.created_at),
+                thread_root: m.thread_root_seq.map(|s| s.get()),
             },
             ChatEvent::MessageEdited(m) => Self::Edited {
                 conversation: m.conversation_id.get(),
@@ -146,7 +149,8 @@ pub fn micros(at: DateTime<Utc>) -> i64 {
 
 /// The message table's columns, in the order a [`ColdRow`] holds them.
 pub const COLUMNS: &str =
-    "seq, sender_id, client_msg_id, body, created_at_us, edited_at_us, deleted_at_us, deleted_by";
+    "seq, sender_id, client_msg_id, body, created_at_us, edited_at_us, deleted_at_us, deleted_by,
+     thread_root_seq";
 
 /// An archived message, as a row of the cold table.
 pub type ColdRow = (
@@ -158,6 +162,7 @@ pub type ColdRow = (
     Option<i64>,        // edited_at_us
     Option<i64>,        // deleted_at_us
     Option<i64>,        // deleted_by
+    Option<i64>,        // thread_root_seq
 );
 
 #[cfg(test)]

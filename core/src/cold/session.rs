@@ -29,6 +29,8 @@ fn schema_statements(settings: &StorageSettings) -> Vec<String> {
                 PRIMARY KEY ((conversation_id, bucket), seq)
             ) WITH CLUSTERING ORDER BY (seq ASC)"
         ),
+        // Threads (issue 29): a reply's root; null for a top-level message.
+        format!("ALTER TABLE {ks}.message ADD IF NOT EXISTS thread_root_seq bigint"),
     ]
 }
 
@@ -96,8 +98,8 @@ impl Cold {
         let ks = &settings.keyspace;
         let insert_new = session
             .prepare(format!(
-                "INSERT INTO {ks}.message (conversation_id, bucket, seq, sender_id, client_msg_id, body, created_at_us)
-                 VALUES (?, ?, ?, ?, ?, ?, ?) USING TIMESTAMP ?"
+                "INSERT INTO {ks}.message (conversation_id, bucket, seq, sender_id, client_msg_id, body, created_at_us, thread_root_seq)
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?) USING TIMESTAMP ?"
             ))
             .await?;
         let update_edited = session
@@ -154,6 +156,7 @@ impl Cold {
                 client_msg_id,
                 body,
                 created_at,
+                thread_root,
             } => {
                 self.session
                     .execute_unpaged(
@@ -166,6 +169,7 @@ impl Cold {
                             client_msg_id,
                             body,
                             created_at,
+                            thread_root,
                             created_at,
                         ),
                     )

@@ -14,7 +14,8 @@ use crate::store::history::Page;
 use crate::store::mentions;
 use crate::store::messages as store;
 use crate::store::reactions::{self, Change};
-use crate::store::send::SendOutcome;
+use crate::store::send::{Outgoing, SendOutcome};
+use crate::store::threads;
 
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -29,6 +30,9 @@ pub struct SendMessage {
     /// `limits.max_mention_all_members` (100).
     #[serde(default)]
     mention_all: bool,
+    /// A reply: the seq of a top-level message of this conversation, not deleted (422
+    /// naming `threadRootSeq` otherwise). The reply takes the next seq as any message.
+    thread_root_seq: Option<i64>,
 }
 
 /// `POST /conversations/{id}/messages`: 201 for a new message, 200 for a replay.
@@ -65,16 +69,46 @@ pub async fn send(
         (req.mentions, req.mention_all),
     )
     .await?;
+    let thread_root = match req.thread_root_seq {
+        None => None,
+        Some(root) => Some(thread_root(&state, (conversation, sender), root).await?),
+    };
+    let message = Outgoing {
+        body: &body,
+        mentions,
+        thread_root,
+    };
     Ok(
         match state
             .sends
-            .send(conversation, sender, req.client_msg_id, (&body, mentions))
+            .send(conversation, sender, req.client_msg_id, message)
             .await?
         {
             SendOutcome::Created(sent) => (StatusCode::CREATED, axum::Json(sent)),
             SendOutcome::Replayed(sent) => (StatusCode::OK, axum::Json(sent)),
         },
     )
+}
+
+/// A reply's root as the send names it: a positive seq, and, if it has left PostgreSQL
+/// for the cold tier, a top-level message not deleted there (the send's batch checks a
+/// root PostgreSQL holds, under the conversation's lock).
+async fn thread_root(
+    state: &AppState,
+    (conversation, sender): (ConversationId, chatpipe_core::UserId),
+    root: i64,
+) -> Result<Seq, ApiError> {
+    let seq = crate::domain::seq("threadRootSeq", root)?;
+    // A stranger learns nothing of what the conversation holds: 404 first.
+    let store = &state.store;
+    store
+        .members
+        .require(&store.pool, conversation, sender)
+        .await?;
+    match threads::check_archived_root(&state.store, conversation, seq).await? {
+        None => Ok(seq),
+        Some(bad) => Err(ApiError::invalid("threadRootSeq", bad.detail(root))),
+    }
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -84,6 +118,8 @@ pub struct HistoryQuery {
     before_seq: Option<i64>,
     after_seq: Option<i64>,
     limit: Option<i64>,
+    /// A thread's replies instead of the conversation's messages: the root's seq.
+    thread_root_seq: Option<i64>,
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -314,7 +350,7 @@ async fn reaction(
     Ok(axum::Json(reactions))
 }
 
-/// `GET /conversations/{id}/messages?beforeSeq=&afterSeq=&limit=`
+/// `GET /conversations/{id}/messages?beforeSeq=&afterSeq=&limit=&threadRootSeq=`
 #[utoipa::path(
     get,
     path = "/conversations/{id}/messages",
@@ -358,7 +394,17 @@ pub async fn history(
         (None, Some(after)) => Page::After(after),
         (None, None) => Page::Newest,
     };
-    Ok(axum::Json(
-        crate::store::history::history(&state.store, conversation, reader, page, limit).await?,
-    ))
+    let store = &state.store;
+    Ok(axum::Json(match q.thread_root_seq {
+        None => crate::store::history::history(store, conversation, reader, page, limit).await?,
+        Some(root) => {
+            let root = Seq::new(root).map_err(|_| {
+                ApiError::bad_parameter(
+                    "threadRootSeq",
+                    format!("must be a positive seq, got {root}"),
+                )
+            })?;
+            threads::page(store, conversation, reader, root, page, limit).await?
+        }
+    }))
 }

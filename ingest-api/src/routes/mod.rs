@@ -29,6 +29,7 @@ pub mod messages;
 pub mod notifications;
 pub mod reads;
 pub mod sync;
+pub mod threads;
 
 /// Every route of the API, with the request deadline on the API routes, the body limit,
 /// and per-route counting and logging on all of them, and `GET /openapi.json`. Each
@@ -66,6 +67,8 @@ pub fn documented(demo: bool) -> (OpenApiRouter<AppState>, OpenApiRouter<AppStat
         .routes(routes!(messages::send, messages::history))
         .routes(routes!(messages::edit, messages::delete))
         .routes(routes!(messages::react, messages::unreact))
+        .routes(routes!(threads::follow, threads::unfollow))
+        .routes(routes!(threads::read))
         .routes(routes!(reads::mark_read))
         .routes(routes!(reads::mark_delivered))
         .routes(routes!(reads::receipts))
@@ -104,7 +107,13 @@ pub fn cors(origins: &[String]) -> anyhow::Result<Option<tower_http::cors::CorsL
     Ok(Some(
         CorsLayer::new()
             .allow_origin(AllowOrigin::list(origins))
-            .allow_methods([Method::GET, Method::POST, Method::PATCH, Method::DELETE])
+            .allow_methods([
+                Method::GET,
+                Method::POST,
+                Method::PUT,
+                Method::PATCH,
+                Method::DELETE,
+            ])
             .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
             .expose_headers([header::RETRY_AFTER])
             .max_age(std::time::Duration::from_secs(600)),

@@ -18,8 +18,8 @@ const COLD_THROUGH_SQL: &str =
     "SELECT cold_through FROM message_archive WHERE conversation_id = $1";
 
 const RESTORE_SQL: &str = "INSERT INTO message (conversation_id, seq, sender_id, client_msg_id,
-        body, created_at, edited_at, deleted_at, deleted_by)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+        body, created_at, edited_at, deleted_at, deleted_by, thread_root_seq)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
 
 /// The retention step looks at the conversation again at once: the row leaves as soon
 /// as Cassandra has its change.
@@ -68,6 +68,7 @@ pub async fn restore(
         .bind(message.edited_at)
         .bind(message.deleted_at)
         .bind(row.7)
+        .bind(message.thread_root_seq)
         .execute(&mut *conn)
         .await?;
     sqlx::query(DUE_NOW_SQL)

@@ -77,6 +77,7 @@ struct PageRow {
     edited_at: Option<DateTime<Utc>>,
     deleted: Option<bool>,
     deleted_at: Option<DateTime<Utc>>,
+    thread_root_seq: Option<i64>,
 }
 
 impl PageRow {
@@ -90,8 +91,8 @@ impl PageRow {
             edited_at: self.edited_at,
             deleted: self.deleted.unwrap_or(false),
             deleted_at: self.deleted_at,
-            mentions: Vec::new(),
-            reactions: Vec::new(),
+            thread_root_seq: self.thread_root_seq,
+            ..Default::default()
         })
     }
 }
@@ -99,7 +100,7 @@ impl PageRow {
 /// An archived row as history answers it; `None` for a row missing a column (a change
 /// archived whose `message.new` is not).
 pub fn cold_message(row: ColdRow) -> Option<HistoryMessage> {
-    let (seq, sender, client_msg_id, body, created_at, edited_at, deleted_at, _) = row;
+    let (seq, sender, client_msg_id, body, created_at, edited_at, deleted_at, _, thread_root) = row;
     let at = |us: i64| DateTime::from_timestamp_micros(us);
     Some(HistoryMessage {
         seq,
@@ -110,8 +111,8 @@ pub fn cold_message(row: ColdRow) -> Option<HistoryMessage> {
         edited_at: edited_at.and_then(at),
         deleted: deleted_at.is_some(),
         deleted_at: deleted_at.and_then(at),
-        mentions: Vec::new(),
-        reactions: Vec::new(),
+        thread_root_seq: thread_root,
+        ..Default::default()
     })
 }
 
@@ -175,8 +176,7 @@ pub async fn history(
     }
     let mut conn = db.pool.acquire().await?;
     let shown = &mut [(conversation.get(), &mut messages[..])];
-    super::reactions::attach(&mut conn, reader, shown).await?;
-    super::mentions::attach(&mut conn, shown).await?;
+    super::messages::attach_all(&mut conn, reader, shown).await?;
     Ok(HistoryPage {
         messages,
         has_more,
@@ -219,8 +219,7 @@ mod tests {
             edited_at: None,
             deleted: false,
             deleted_at: None,
-            mentions: Vec::new(),
-            reactions: Vec::new(),
+            ..Default::default()
         }
     }
 
@@ -231,6 +230,7 @@ mod tests {
             Some(Uuid::nil()),
             Some(body.into()),
             Some(seq),
+            None,
             None,
             None,
             None,
@@ -278,11 +278,12 @@ mod tests {
             Some(11),
             Some(12),
             Some(2),
+            Some(1),
         );
         let m = cold_message(row).unwrap();
         assert!(m.deleted && m.body.is_none());
         assert_eq!(m.deleted_at.unwrap().timestamp_micros(), 12);
         assert_eq!(m.edited_at.unwrap().timestamp_micros(), 11);
-        assert!(cold_message((4, None, None, None, None, None, None, None)).is_none());
+        assert!(cold_message((4, None, None, None, None, None, None, None, None)).is_none());
     }
 }

@@ -33,10 +33,15 @@ pub struct ConversationState {
     pub title: Option<String>,
     pub last_seq: i64,
     pub last_read_seq: i64,
-    /// The messages after the watermark that are not deleted. A subtraction, never a
-    /// COUNT (invariant 7): `(last_seq - deleted_count) - (last_read_seq - deleted_read)`,
-    /// both counts kept by the writers (migration 20261201000007).
+    /// The top-level messages after the watermark that are not deleted (replies are
+    /// counted by thread, in `unreadThreads`). A subtraction, never a COUNT (invariant
+    /// 7): `(last_seq - deleted_count - reply_count) - (last_read_seq - deleted_read -
+    /// reply_read)`, every count kept by the writers (migrations 20261201000007 and
+    /// 20261205000008).
     pub unread_count: i64,
+    /// Threads the caller follows with a reply (not deleted) past their place in the
+    /// thread: a counter the writers keep (migration 20261205000008).
+    pub unread_threads: i32,
     /// Mentions of the caller after the watermark, in messages not deleted: also a
     /// subtraction, `mention_count - mention_read` (migration 20261205000005).
     pub mention_count: i64,
@@ -114,16 +119,19 @@ impl Cursor {
     }
 }
 
-/// The unread count: the messages after the watermark that are not deleted, as a
-/// subtraction of counts the writers keep (invariant 7; migration 20261201000007).
-pub const UNREAD: &str = "(c.last_seq - c.deleted_count) - (m.last_read_seq - m.deleted_read)";
+/// The unread count: the top-level messages after the watermark that are not deleted, as
+/// a subtraction of counts the writers keep (invariant 7; migrations 20261201000007 and
+/// 20261205000008).
+pub const UNREAD: &str = "(c.last_seq - c.deleted_count - c.reply_count)
+     - (m.last_read_seq - m.deleted_read - m.reply_read)";
 
 /// A conversation's state as one member sees it, for the inbox and for sync: the columns,
 /// over [`STATE_FROM`] with `$1` the member, and `unread` as the unread count.
 pub(super) fn state_columns(unread: &str) -> String {
     format!(
         "c.id AS conversation_id, c.type AS kind, c.title, c.last_seq, m.last_read_seq,
-         {unread} AS unread_count, m.mention_count - m.mention_read AS mention_count,
+         {unread} AS unread_count, m.unread_threads,
+         m.mention_count - m.mention_read AS mention_count,
          m.notify_level AS notification_level, m.muted_until,
          c.member_count, c.last_activity_at,
          CASE WHEN p.user_low = $1 THEN p.user_high ELSE p.user_low END AS peer_id"

@@ -11,7 +11,7 @@ use super::{Store, StoreError};
 use crate::domain::ConversationKind;
 use chatpipe_schemas::Role;
 
-#[derive(Debug, Serialize, utoipa::ToSchema, sqlx::FromRow)]
+#[derive(Debug, Default, Serialize, utoipa::ToSchema, sqlx::FromRow)]
 #[serde(rename_all = "camelCase")]
 pub struct HistoryMessage {
     pub seq: i64,
@@ -38,6 +38,15 @@ pub struct HistoryMessage {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     #[sqlx(skip)]
     pub reactions: Vec<super::reactions::ReactionCount>,
+    /// A reply: the seq of its thread's root; absent on a top-level message.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[sqlx(default)]
+    pub thread_root_seq: Option<i64>,
+    /// A thread's root: its replies and the reader's place in it; absent on a message
+    /// nobody replied to or followed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[sqlx(skip)]
+    pub thread: Option<super::threads::ThreadSummary>,
 }
 
 /// Messages of one or more conversations as a history page or a sync answer holds
@@ -56,6 +65,18 @@ pub fn live_keys(shown: &Shown<'_>) -> (Vec<i64>, Vec<i64>) {
                 .map(move |m| (*conversation, m.seq))
         })
         .unzip()
+}
+
+/// Fills in what history and sync show beside each message of `shown`, as `reader` sees
+/// it: its reactions, the members it names, and a root's thread; one statement each.
+pub async fn attach_all(
+    conn: &mut sqlx::PgConnection,
+    reader: UserId,
+    shown: &mut Shown<'_>,
+) -> Result<(), sqlx::Error> {
+    super::reactions::attach(conn, reader, shown).await?;
+    super::mentions::attach(conn, shown).await?;
+    super::threads::attach(conn, reader, shown).await
 }
 
 /// Hands each message of `shown` its items of `rows` ((conversation, seq), item), in
@@ -80,10 +101,11 @@ pub fn spread<T>(
 
 /// The columns a [`HistoryMessage`] is read from, for every query that returns messages.
 pub const MESSAGE_COLUMNS: &str = "seq, sender_id, client_msg_id, body, created_at, edited_at,
-     deleted_at IS NOT NULL AS deleted, deleted_at";
+     deleted_at IS NOT NULL AS deleted, deleted_at, thread_root_seq";
 
 /// The message an edit or a delete acts on (`$1`, `$2`), locked.
-pub const TARGET_SQL: &str = "SELECT sender_id, deleted_at IS NOT NULL FROM message
+pub const TARGET_SQL: &str =
+    "SELECT sender_id, deleted_at IS NOT NULL, thread_root_seq FROM message
       WHERE conversation_id = $1 AND seq = $2 FOR UPDATE";
 
 /// The time of a message's next version: now, but strictly later than its last one.
@@ -128,6 +150,8 @@ pub struct Edited {
 pub(super) struct Target {
     sender: UserId,
     pub(super) deleted: bool,
+    /// A reply: its thread's root.
+    thread_root: Option<i64>,
     /// The caller is an admin of a GROUP.
     group_admin: bool,
     pub(super) direct: bool,
@@ -146,14 +170,15 @@ pub(super) async fn lock_target(
             .bind(conversation.get())
             .bind(seq.get())
     };
-    let mut row: Option<(i64, bool)> = target().fetch_optional(&mut *conn).await?;
+    let mut row: Option<(i64, bool, Option<i64>)> = target().fetch_optional(&mut *conn).await?;
     if row.is_none() && super::archived::restore(db, conn, conversation, seq.get()).await? {
         row = target().fetch_optional(&mut *conn).await?;
     }
-    let (sender, deleted) = row.ok_or(StoreError::NotFound { what: "message" })?;
+    let (sender, deleted, thread_root) = row.ok_or(StoreError::NotFound { what: "message" })?;
     Ok(Target {
         sender: chatpipe_core::db::id(sender)?,
         deleted,
+        thread_root,
         group_admin: locked.kind == ConversationKind::Group && locked.caller_role == Role::Admin,
         direct: locked.kind == ConversationKind::Direct,
     })
@@ -237,7 +262,8 @@ pub enum Deleted {
 /// `deleted_count` grows by one, and so does `deleted_read` of every member whose
 /// watermark already passed the seq. The conversation's delete lock, taken exclusive
 /// first, keeps a watermark move from counting the deleted seqs without this one while
-/// this commits.
+/// this commits. A reply is not counted there (replies have counts of their own,
+/// migration 20261205000008): its thread's summary and followers follow instead.
 pub async fn delete(
     db: &Store,
     conversation: ConversationId,
@@ -265,21 +291,26 @@ pub async fn delete(
         .bind(caller.get())
         .fetch_one(&mut *tx)
         .await?;
-    touch_conversation(&mut tx, conversation, 1).await?;
+    touch_conversation(&mut tx, conversation, target.thread_root.is_none().into()).await?;
     sqlx::query(super::reactions::CLEAR_SQL)
         .bind(conversation.get())
         .bind(seq.get())
         .execute(&mut *tx)
         .await?;
     super::mentions::set(&mut tx, conversation, seq.get(), &[]).await?;
-    sqlx::query(
-        "UPDATE conversation_member SET deleted_read = deleted_read + 1
-          WHERE conversation_id = $1 AND last_read_seq >= $2",
-    )
-    .bind(conversation.get())
-    .bind(seq.get())
-    .execute(&mut *tx)
-    .await?;
+    match target.thread_root {
+        Some(root) => super::threads::reply_deleted(&mut tx, conversation, root, seq).await?,
+        None => {
+            sqlx::query(
+                "UPDATE conversation_member SET deleted_read = deleted_read + 1
+                  WHERE conversation_id = $1 AND last_read_seq >= $2",
+            )
+            .bind(conversation.get())
+            .bind(seq.get())
+            .execute(&mut *tx)
+            .await?;
+        }
+    }
     let event = ChatEvent::MessageDeleted(MessageDeleted {
         conversation_id: conversation,
         seq,
@@ -325,8 +356,7 @@ mod tests {
             edited_at: None,
             deleted,
             deleted_at: None,
-            mentions: Vec::new(),
-            reactions: Vec::new(),
+            ..Default::default()
         }
     }
 

@@ -14,6 +14,7 @@ pub mod reactions;
 pub mod reads;
 pub mod send;
 pub mod sync;
+pub mod threads;
 
 pub use chatpipe_core::outbox::Outbox;
 use sqlx::PgPool;

@@ -81,6 +81,7 @@ mod tests {
             client_msg_id: uuid::Uuid::nil(),
             body: "b".into(),
             created_at: seq,
+            thread_root: None,
         }
     }
 

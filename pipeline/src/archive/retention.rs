@@ -33,6 +33,7 @@ pub struct HotRow {
     pub edited_at: Option<i64>,
     pub deleted_at: Option<i64>,
     pub deleted_by: Option<i64>,
+    pub thread_root: Option<i64>,
     /// Old enough to leave: its latest version (created, edited or deleted) is older than
     /// the hot retention. A change stays in PostgreSQL that long, so `/sync` (whose
     /// changes are read there) reports it to a client whose cursor is younger.
@@ -51,8 +52,17 @@ impl HotRow {
 
     /// Cassandra's copy holds exactly this version.
     pub fn equals(&self, cold: &ColdRow) -> bool {
-        let (seq, sender, client_msg_id, body, created_at, edited_at, deleted_at, deleted_by) =
-            cold;
+        let (
+            seq,
+            sender,
+            client_msg_id,
+            body,
+            created_at,
+            edited_at,
+            deleted_at,
+            deleted_by,
+            thread_root,
+        ) = cold;
         *seq == self.seq
             && *sender == Some(self.sender)
             && *client_msg_id == Some(self.client_msg_id)
@@ -61,6 +71,7 @@ impl HotRow {
             && *edited_at == self.edited_at
             && *deleted_at == self.deleted_at
             && *deleted_by == self.deleted_by
+            && *thread_root == self.thread_root
     }
 }
 
@@ -160,7 +171,7 @@ const LOCK_SQL: &str = "SELECT cold_through, archived_seq FROM message_archive
       WHERE conversation_id = $1 AND next_due_at <= now() FOR UPDATE SKIP LOCKED";
 
 const ROWS_SQL: &str = "SELECT seq, sender_id, client_msg_id, body, created_at, edited_at,
-            deleted_at, deleted_by,
+            deleted_at, deleted_by, thread_root_seq,
             coalesce(deleted_at, edited_at, created_at) < now() - make_interval(secs => $3)
               AS old_enough,
             changed_xid::text AS changed_xid
@@ -182,6 +193,7 @@ type RowTuple = (
     DateTime<Utc>,
     Option<DateTime<Utc>>,
     Option<DateTime<Utc>>,
+    Option<i64>,
     Option<i64>,
     bool,
     String,
@@ -321,8 +333,9 @@ fn hot_row(r: RowTuple) -> HotRow {
         edited_at: r.5.map(micros),
         deleted_at: r.6.map(micros),
         deleted_by: r.7,
-        old_enough: r.8,
-        changed_xid: r.9,
+        thread_root: r.8,
+        old_enough: r.9,
+        changed_xid: r.10,
     }
 }
 
@@ -340,6 +353,7 @@ mod tests {
             edited_at: None,
             deleted_at: None,
             deleted_by: None,
+            thread_root: None,
             old_enough,
             changed_xid: format!("x{seq}"),
         }
@@ -355,6 +369,7 @@ mod tests {
             row.edited_at,
             row.deleted_at,
             row.deleted_by,
+            row.thread_root,
         )
     }
 

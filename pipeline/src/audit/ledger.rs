@@ -179,6 +179,7 @@ mod tests {
             client_msg_id: uuid::Uuid::nil(),
             body: "x".into(),
             mentions: Vec::new(),
+            thread_root_seq: None,
             created_at: Utc::now(),
         })
     }

@@ -92,6 +92,7 @@ pub fn template(kind: &str, conversation: ConversationId, occurred_at: i64) -> D
         reaction_key: None,
         reaction_count: None,
         mentions: Vec::new(),
+        thread_root_seq: None,
     }
 }
 
@@ -108,6 +109,7 @@ fn message_to_members(
         full = Delivery {
             light: true,
             seq: full.seq,
+            thread_root_seq: full.thread_root_seq,
             ..template(&full.event_type, full.conversation_id, full.occurred_at)
         };
     }
@@ -173,6 +175,7 @@ pub fn message_new(
         body: Some(e.body.clone()),
         client_msg_id: Some(e.client_msg_id),
         mentions: e.mentions.clone(),
+        thread_root_seq: e.thread_root_seq,
         ..template(
             MESSAGE_NEW,
             e.conversation_id,
@@ -185,6 +188,7 @@ pub fn message_new(
         let mention = Delivery {
             seq: Some(e.seq),
             sender_id: Some(e.sender_id),
+            thread_root_seq: e.thread_root_seq,
             ..template(MENTION, e.conversation_id, full.occurred_at)
         };
         let named = e.mentions.iter().filter(|u| members.contains(u));
@@ -349,6 +353,7 @@ mod tests {
             client_msg_id: uuid::Uuid::new_v4(),
             body: "hello".into(),
             mentions: Vec::new(),
+            thread_root_seq: None,
             created_at: Utc::now(),
         }
     }

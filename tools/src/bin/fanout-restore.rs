@@ -229,6 +229,7 @@ async fn main() -> anyhow::Result<()> {
                         client_msg_id: uuid::Uuid::new_v4(),
                         body: "now".into(),
                         mentions: Vec::new(),
+                        thread_root_seq: None,
                         created_at: chrono::Utc::now(),
                     });
                     (conversation, c.encode(&e))

@@ -183,6 +183,7 @@ async fn main() -> anyhow::Result<()> {
                         client_msg_id: Seed::client_msg_id(c, seq),
                         body: Seed::body(c, seq),
                         mentions: Vec::new(),
+                        thread_root_seq: None,
                         created_at: chrono::DateTime::from_timestamp_micros(
                             seed_ref.created_us(seq),
                         )

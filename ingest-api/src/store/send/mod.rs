@@ -23,7 +23,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use chatpipe_core::{ConversationId, UserId};
+use chatpipe_core::{ConversationId, Seq, UserId};
 use chrono::{DateTime, Utc};
 use tokio::sync::oneshot;
 use uuid::Uuid;
@@ -39,6 +39,14 @@ use super::{now, Store};
 use crate::configuration::SendSettings;
 use crate::domain::MessageBody;
 
+/// What a sender sends: the body, the members it names (ascending, validated by the
+/// route) and, for a reply, its thread's root.
+pub struct Outgoing<'a> {
+    pub body: &'a MessageBody,
+    pub mentions: Vec<UserId>,
+    pub thread_root: Option<Seq>,
+}
+
 /// A message committed, as the sender learns it.
 #[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -48,6 +56,9 @@ pub struct SentMessage {
     pub client_msg_id: Uuid,
     pub sender_id: i64,
     pub created_at: DateTime<Utc>,
+    /// A reply: its thread's root.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub thread_root_seq: Option<i64>,
 }
 
 #[derive(Debug)]
@@ -70,6 +81,12 @@ pub enum SendError {
     ClientIdReused { client_msg_id: Uuid, seq: i64 },
     #[error("{queued} sends already wait for this conversation")]
     Busy { queued: usize },
+    /// `threadRootSeq` names no message a reply can hang under.
+    #[error("{}", .problem.detail(*.root))]
+    BadThreadRoot {
+        root: i64,
+        problem: super::threads::BadRoot,
+    },
     /// The statement of this send's batch failed: nothing of the batch was written.
     #[error("the send's batch failed: {0}")]
     Database(Arc<sqlx::Error>),
@@ -82,6 +99,8 @@ struct Pending {
     body: String,
     /// The members it names, ascending (validated by the route).
     mentions: Vec<UserId>,
+    /// A reply: its thread's root (checked by the batch, under the delete lock).
+    thread_root: Option<Seq>,
     created_at: DateTime<Utc>,
     reply: oneshot::Sender<Result<SendOutcome, SendError>>,
 }
@@ -146,7 +165,7 @@ impl SendQueue {
         conversation: ConversationId,
         sender: UserId,
         client_msg_id: Uuid,
-        (body, mentions): (&MessageBody, Vec<UserId>),
+        message: Outgoing<'_>,
     ) -> Result<SendOutcome, SendError> {
         // A non-member gets no lane (store/members.rs); the statement checks again.
         let store = &self.inner.store;
@@ -164,8 +183,9 @@ impl SendQueue {
             conversation,
             sender,
             client_msg_id,
-            body: body.as_str().to_owned(),
-            mentions,
+            body: message.body.as_str().to_owned(),
+            mentions: message.mentions,
+            thread_root: message.thread_root,
             created_at: now(),
             reply,
         };

@@ -73,6 +73,10 @@ pub struct Changed {
     /// More changed than `messages` holds: page history below the first one (`beforeSeq`).
     /// On an initial sync: the conversation has messages to page.
     pub has_more: bool,
+    /// Threads whose summary or whose place for the caller changed since the cursor
+    /// (absent when none, and on an initial sync: history pages show them).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub threads: Vec<super::threads::ThreadChange>,
 }
 
 /// The caller's conversations with an id below `$3`, changed since `$2` (all of them
@@ -253,6 +257,7 @@ async fn members(
                 has_more: state.last_seq > 0,
                 state,
                 messages: Vec::new(),
+                threads: Vec::new(),
             })
             .collect();
         return Ok((changed, next));
@@ -298,6 +303,8 @@ async fn members(
         }
     }
 
+    let listed: Vec<i64> = states.iter().map(|s| s.conversation_id).collect();
+    let mut threads = super::threads::changed(tx, user, &listed, (since, &at.upto)).await?;
     let mut changed = Vec::with_capacity(states.len());
     for state in states {
         let cut = cut_at == Some(state.conversation_id);
@@ -310,6 +317,7 @@ async fn members(
         got.truncate(limit as usize);
         got.reverse();
         changed.push(Changed {
+            threads: threads.remove(&state.conversation_id).unwrap_or_default(),
             state,
             messages: got,
             has_more,
@@ -318,13 +326,12 @@ async fn members(
             break;
         }
     }
-    // Reactions and mentions of every message of the answer: one statement each.
+    // Reactions, mentions and threads of every message of the answer: one statement each.
     let mut shown: Vec<(i64, &mut [HistoryMessage])> = changed
         .iter_mut()
         .map(|c| (c.state.conversation_id, &mut c.messages[..]))
         .collect();
-    super::reactions::attach(tx, user, &mut shown).await?;
-    super::mentions::attach(tx, &mut shown).await?;
+    super::messages::attach_all(tx, user, &mut shown).await?;
     let cut_bytes = cut_at.is_some();
     count_cut(cut_bytes, "bytes");
     count_cut(full && !cut_bytes, "conversations");

@@ -1,0 +1,427 @@
+//! Threads: replies under a top-level message (migration 20261205000008).
+//!
+//! A reply is a message with `thread_root_seq`; it takes the next conversation seq like
+//! any message. Per thread, `message_thread` keeps the summary a root shows; per
+//! participant, `thread_follow` keeps their read position in the thread and whether
+//! they follow it. A member's `unread_threads` (followed threads with an unread reply)
+//! is a counter the writers move, never a count of rows.
+//!
+//! Locks: sends with replies and deletes take the conversation's delete lock exclusive
+//! (as mentions do, [`super::mentions::lock`]); thread reads and follows take it shared
+//! (inside `chat_thread_position`), so a thread's newest reply does not move under a
+//! read that compares with it.
+
+use std::collections::HashMap;
+
+use chatpipe_core::{ConversationId, Seq, UserId};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgConnection;
+
+use super::history::{HistoryPage, Page};
+use super::messages::{HistoryMessage, Shown, MESSAGE_COLUMNS};
+use super::{Store, StoreError};
+
+/// Why a send cannot hang a reply under the seq it names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BadRoot {
+    /// No message of this conversation has that seq.
+    Unknown,
+    /// It is a reply itself: threads are one level deep.
+    Reply,
+    Deleted,
+}
+
+impl BadRoot {
+    pub fn detail(self, root: i64) -> String {
+        match self {
+            Self::Unknown => format!("no message {root} in this conversation"),
+            Self::Reply => format!("message {root} is a reply; reply to its root instead"),
+            Self::Deleted => format!("message {root} is deleted"),
+        }
+    }
+}
+
+/// What PostgreSQL says of a would-be root: `Ok(Some(problem))`, `Ok(None)` for a root
+/// it holds and that is fine, `Err(())` for one it no longer holds (archived: asked of
+/// the cold tier by [`check_archived_root`]).
+type RootStatus = Result<Option<BadRoot>, ()>;
+
+const ROOTS_SQL: &str = "SELECT r.c, r.s,
+        CASE WHEN g.seq IS NULL AND r.s <= coalesce(a.cold_through, 0) THEN 'archived'
+             WHEN g.seq IS NULL THEN 'unknown'
+             WHEN g.thread_root_seq IS NOT NULL THEN 'reply'
+             WHEN g.deleted_at IS NOT NULL THEN 'deleted'
+             ELSE 'ok' END
+   FROM unnest($1::bigint[], $2::bigint[]) AS r(c, s)
+   LEFT JOIN message g ON g.conversation_id = r.c AND g.seq = r.s
+   LEFT JOIN message_archive a ON a.conversation_id = r.c";
+
+/// The status of each (conversation, root) of `roots`.
+async fn root_statuses(
+    conn: &mut PgConnection,
+    roots: &[(i64, i64)],
+) -> Result<HashMap<(i64, i64), RootStatus>, sqlx::Error> {
+    let (conversations, seqs): (Vec<i64>, Vec<i64>) = roots.iter().copied().unzip();
+    let rows: Vec<(i64, i64, String)> = sqlx::query_as(ROOTS_SQL)
+        .bind(&conversations)
+        .bind(&seqs)
+        .fetch_all(conn)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(c, s, status)| {
+            let status = match status.as_str() {
+                "archived" => Err(()),
+                "unknown" => Ok(Some(BadRoot::Unknown)),
+                "reply" => Ok(Some(BadRoot::Reply)),
+                "deleted" => Ok(Some(BadRoot::Deleted)),
+                _ => Ok(None),
+            };
+            ((c, s), status)
+        })
+        .collect())
+}
+
+/// The problem of each root of a send batch (`None`: fine, or no root), checked under
+/// the batch's delete locks. A root PostgreSQL no longer holds was checked in the cold
+/// tier before the send queued ([`check_archived_root`]); an archived message that is
+/// deleted since comes back to PostgreSQL first (store/archived.rs), so it is seen here.
+pub(super) async fn check_roots(
+    conn: &mut PgConnection,
+    roots: &[Option<(i64, i64)>],
+) -> Result<Vec<Option<BadRoot>>, sqlx::Error> {
+    let wanted: Vec<(i64, i64)> = roots.iter().flatten().copied().collect();
+    if wanted.is_empty() {
+        return Ok(vec![None; roots.len()]);
+    }
+    let statuses = root_statuses(conn, &wanted).await?;
+    Ok(roots
+        .iter()
+        .map(|root| {
+            root.and_then(|key| match statuses.get(&key) {
+                Some(Ok(problem)) => *problem,
+                Some(Err(())) => None,
+                None => Some(BadRoot::Unknown),
+            })
+        })
+        .collect())
+}
+
+/// Before a reply queues: a root that has left PostgreSQL for the cold tier is read
+/// there. `Ok(None)` also for a root PostgreSQL holds (the batch checks it under lock).
+pub async fn check_archived_root(
+    db: &Store,
+    conversation: ConversationId,
+    root: Seq,
+) -> Result<Option<BadRoot>, StoreError> {
+    let mut conn = db.pool.acquire().await?;
+    let key = (conversation.get(), root.get());
+    let statuses = root_statuses(&mut conn, &[key]).await?;
+    if statuses.get(&key) != Some(&Err(())) {
+        return Ok(None);
+    }
+    let rows = db
+        .cold
+        .get()
+        .await
+        .map_err(StoreError::ColdUnavailable)?
+        .range(key.0, key.1, key.1)
+        .await
+        .map_err(StoreError::ColdUnavailable)?;
+    Ok(match rows.into_iter().next() {
+        None => Some(BadRoot::Unknown),
+        Some(row) if row.8.is_some() => Some(BadRoot::Reply),
+        Some(row) if row.6.is_some() => Some(BadRoot::Deleted),
+        Some(_) => None,
+    })
+}
+
+/// One reply just committed in this transaction.
+pub struct Replied {
+    pub conversation: ConversationId,
+    pub seq: i64,
+    pub root: i64,
+    pub sender: UserId,
+    pub created_at: DateTime<Utc>,
+}
+
+/// Records replies just committed (under the delete locks and the send's row locks):
+/// their threads' summaries, the follows of their senders and roots' authors, and the
+/// followers' unread thread counts (`chat_record_replies`).
+pub(super) async fn record(
+    conn: &mut PgConnection,
+    replies: &[Replied],
+) -> Result<(), sqlx::Error> {
+    if replies.is_empty() {
+        return Ok(());
+    }
+    let conversations: Vec<i64> = replies.iter().map(|r| r.conversation.get()).collect();
+    let seqs: Vec<i64> = replies.iter().map(|r| r.seq).collect();
+    let roots: Vec<i64> = replies.iter().map(|r| r.root).collect();
+    let senders: Vec<i64> = replies.iter().map(|r| r.sender.get()).collect();
+    let times: Vec<DateTime<Utc>> = replies.iter().map(|r| r.created_at).collect();
+    sqlx::query("SELECT chat_record_replies($1, $2, $3, $4, $5)")
+        .bind(&conversations)
+        .bind(&seqs)
+        .bind(&roots)
+        .bind(&senders)
+        .bind(&times)
+        .execute(conn)
+        .await?;
+    metrics::counter!("thread_replies_total").increment(replies.len() as u64);
+    Ok(())
+}
+
+/// A reply just erased in this transaction (under the delete lock exclusive).
+pub(super) async fn reply_deleted(
+    conn: &mut PgConnection,
+    conversation: ConversationId,
+    root: i64,
+    seq: Seq,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT chat_reply_deleted($1, $2, $3)")
+        .bind(conversation.get())
+        .bind(root)
+        .bind(seq.get())
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// A thread as its root shows it to one reader.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema, sqlx::FromRow)]
+#[serde(rename_all = "camelCase")]
+pub struct ThreadSummary {
+    /// Replies not deleted.
+    pub reply_count: i64,
+    /// The newest reply's seq (deleted or not); 0 before the first.
+    pub last_reply_seq: i64,
+    /// When the newest reply not deleted was sent; absent when there is none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_reply_at: Option<DateTime<Utc>>,
+    /// The first (up to three) members to reply, in the order they first replied.
+    pub repliers: Vec<i64>,
+    /// The reader follows the thread: it counts in their `unreadThreads`.
+    pub following: bool,
+    /// The reader has read every reply up to this seq; absent if they never took part.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_read_seq: Option<i64>,
+    /// The reader follows the thread and a reply not deleted is past their position.
+    pub unread: bool,
+}
+
+/// The summary columns of `message_thread t` for the reader `$3` (`thread_follow f`).
+const SUMMARY_COLUMNS: &str = "t.reply_count, t.last_reply_seq, t.last_reply_at, t.repliers,
+        coalesce(f.following, false) AS following, f.last_read_seq,
+        coalesce(f.following AND t.last_live_seq > f.last_read_seq, false) AS unread";
+
+/// Fills in the thread of each top-level message of `shown` that has one, as `reader`
+/// sees it: one statement for all of them.
+pub async fn attach(
+    conn: &mut PgConnection,
+    reader: UserId,
+    shown: &mut Shown<'_>,
+) -> Result<(), sqlx::Error> {
+    let (conversations, seqs): (Vec<i64>, Vec<i64>) = shown
+        .iter()
+        .flat_map(|(c, messages)| {
+            messages
+                .iter()
+                .filter(|m| m.thread_root_seq.is_none())
+                .map(move |m| (*c, m.seq))
+        })
+        .unzip();
+    if seqs.is_empty() {
+        return Ok(());
+    }
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        conversation_id: i64,
+        root_seq: i64,
+        #[sqlx(flatten)]
+        summary: ThreadSummary,
+    }
+    let rows: Vec<Row> = sqlx::query_as(&format!(
+        "SELECT t.conversation_id, t.root_seq, {SUMMARY_COLUMNS}
+           FROM unnest($1::bigint[], $2::bigint[]) AS p(c, s)
+           JOIN message_thread t ON t.conversation_id = p.c AND t.root_seq = p.s
+           LEFT JOIN thread_follow f ON f.conversation_id = t.conversation_id
+                                    AND f.root_seq = t.root_seq AND f.user_id = $3"
+    ))
+    .bind(&conversations)
+    .bind(&seqs)
+    .bind(reader.get())
+    .fetch_all(conn)
+    .await?;
+    let rows = rows
+        .into_iter()
+        .map(|r| ((r.conversation_id, r.root_seq), r.summary))
+        .collect();
+    super::messages::spread(rows, shown, |m, mut summaries| m.thread = summaries.pop());
+    Ok(())
+}
+
+/// A page of thread `root`'s replies (PostgreSQL's: see docs/api.md, "Threads", for
+/// replies moved to the cold tier), in ascending seq order, with their reactions and
+/// mentions.
+pub async fn page(
+    db: &Store,
+    conversation: ConversationId,
+    reader: UserId,
+    root: Seq,
+    page: Page,
+    limit: i64,
+) -> Result<HistoryPage, StoreError> {
+    let last_seq = super::as_member(db, conversation, reader).await?.last_seq;
+    let (range, bound, ascending) = match page {
+        Page::Newest => ("seq < $3 ORDER BY seq DESC", i64::MAX, false),
+        Page::Before(seq) => ("seq < $3 ORDER BY seq DESC", seq, false),
+        Page::After(seq) => ("seq > $3 ORDER BY seq ASC", seq, true),
+    };
+    let mut messages: Vec<HistoryMessage> = sqlx::query_as(&format!(
+        "SELECT {MESSAGE_COLUMNS} FROM message
+          WHERE conversation_id = $1 AND thread_root_seq = $2 AND {range} LIMIT $4"
+    ))
+    .bind(conversation.get())
+    .bind(root.get())
+    .bind(bound)
+    .bind(limit + 1)
+    .fetch_all(&db.pool)
+    .await?;
+    let has_more = messages.len() as i64 > limit;
+    messages.truncate(limit as usize);
+    if !ascending {
+        messages.reverse();
+    }
+    let mut conn = db.pool.acquire().await?;
+    let shown = &mut [(conversation.get(), &mut messages[..])];
+    super::messages::attach_all(&mut conn, reader, shown).await?;
+    Ok(HistoryPage {
+        messages,
+        has_more,
+        last_seq,
+    })
+}
+
+/// A member's place in a thread after a read, follow or unfollow.
+#[derive(Debug, Serialize, utoipa::ToSchema, sqlx::FromRow)]
+#[serde(rename_all = "camelCase")]
+pub struct ThreadPosition {
+    /// Every reply up to this seq is read; never decreases.
+    pub last_read_seq: i64,
+    pub following: bool,
+    /// The member's followed threads in this conversation with an unread reply.
+    pub unread_threads: i32,
+}
+
+/// Moves `user`'s position in thread `root` to `seq` (monotone, clamped to the newest
+/// reply) and/or sets whether they follow it. A message nobody replied to yet can be
+/// followed (and read) if it is a top-level message not deleted. 404 for a non-member,
+/// and for a seq that is no thread's root.
+pub async fn set_position(
+    db: &Store,
+    conversation: ConversationId,
+    user: UserId,
+    root: Seq,
+    (seq, following): (Option<i64>, Option<bool>),
+) -> Result<ThreadPosition, StoreError> {
+    db.members.require(&db.pool, conversation, user).await?;
+    let mut tx = db.pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock_shared($1)")
+        .bind(conversation.get())
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(
+        "INSERT INTO message_thread (conversation_id, root_seq)
+         SELECT $1, $2 WHERE EXISTS (
+                SELECT 1 FROM message g
+                 WHERE g.conversation_id = $1 AND g.seq = $2
+                   AND g.thread_root_seq IS NULL AND g.deleted_at IS NULL)
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(conversation.get())
+    .bind(root.get())
+    .execute(&mut *tx)
+    .await?;
+    let position: Option<ThreadPosition> = sqlx::query_as(
+        "SELECT last_read_seq, following, unread_threads
+           FROM chat_thread_position($1, $2, $3, $4, $5)",
+    )
+    .bind(conversation.get())
+    .bind(root.get())
+    .bind(user.get())
+    .bind(seq)
+    .bind(following)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let position = position.ok_or(StoreError::NotFound { what: "thread" })?;
+    tx.commit().await?;
+    Ok(position)
+}
+
+/// A thread whose summary or whose reader's place changed, as `/sync` lists it.
+#[derive(Debug, Serialize, utoipa::ToSchema, sqlx::FromRow)]
+#[serde(rename_all = "camelCase")]
+pub struct ThreadChange {
+    pub root_seq: i64,
+    #[serde(flatten)]
+    #[sqlx(flatten)]
+    pub summary: ThreadSummary,
+}
+
+/// The threads of `conversations` whose summary, or whose place for `reader`, a
+/// transaction changed that `since` does not see and `upto` does (each change in exactly
+/// one sync), by conversation. Walks `message_thread_changed` and
+/// `thread_follow_by_member` from the cursor's xmin.
+pub async fn changed(
+    conn: &mut PgConnection,
+    reader: UserId,
+    conversations: &[i64],
+    (since, upto): (&str, &str),
+) -> Result<HashMap<i64, Vec<ThreadChange>>, sqlx::Error> {
+    if conversations.is_empty() {
+        return Ok(HashMap::new());
+    }
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        conversation_id: i64,
+        #[sqlx(flatten)]
+        change: ThreadChange,
+    }
+    let seen = |xid: &str| {
+        format!(
+            "{xid} >= pg_snapshot_xmin($3::pg_snapshot)
+             AND chat_changed_since({xid}, $3::pg_snapshot)
+             AND NOT chat_changed_since({xid}, $4::pg_snapshot)"
+        )
+    };
+    let rows: Vec<Row> = sqlx::query_as(&format!(
+        "SELECT t.conversation_id, t.root_seq, {SUMMARY_COLUMNS}
+           FROM (SELECT t.conversation_id, t.root_seq FROM message_thread t
+                  WHERE t.conversation_id = ANY($1) AND {}
+                 UNION
+                 SELECT f.conversation_id, f.root_seq FROM thread_follow f
+                  WHERE f.conversation_id = ANY($1) AND f.user_id = $2 AND {}) AS k
+           JOIN message_thread t USING (conversation_id, root_seq)
+           LEFT JOIN thread_follow f ON f.conversation_id = t.conversation_id
+                                    AND f.root_seq = t.root_seq AND f.user_id = $2
+          ORDER BY t.conversation_id, t.root_seq",
+        seen("t.changed_xid"),
+        seen("f.changed_xid")
+    ))
+    .bind(conversations)
+    .bind(reader.get())
+    .bind(since)
+    .bind(upto)
+    .fetch_all(conn)
+    .await?;
+    let mut by_conversation: HashMap<i64, Vec<ThreadChange>> = HashMap::new();
+    for row in rows {
+        by_conversation
+            .entry(row.conversation_id)
+            .or_default()
+            .push(row.change);
+    }
+    Ok(by_conversation)
+}
