@@ -1,9 +1,13 @@
-//! Inbox unread with deletes: `GET /inbox?limit=50` of user A, a member of 500 groups
-//! holding `scale` messages in all, 10% of them deleted (seq % 10 = 3), against user B,
-//! the same shape without a delete, as requests to an ingest-api started in this process,
-//! interleaved (A, B, A, B…) from a few clients. unreadCount is the subtraction
-//! `(last_seq - deleted_count) - (last_read_seq - deleted_read)`: the target is p99(A)
-//! within 1.2x of p99(B), and p99 flat from 1M to 10M messages. A measurement, not a test.
+//! Inbox unread with deletes, threads and mentions: `GET /inbox?limit=50` of user A, a
+//! member of 500 groups holding `scale` messages in all, 10% of them deleted (seq % 10 =
+//! 3), 20% replies (seq % 5 = 1, each to the message before it, a thread A follows) and
+//! 2% naming A (seq % 50 = 7), against user B, the same shape without a delete, a reply
+//! or a mention (the inbox as it was before threads and mentions), as requests to an
+//! ingest-api started in this process, interleaved (A, B, A, B…) from a few clients.
+//! unreadCount is the subtraction `(last_seq - deleted_count - reply_count) -
+//! (last_read_seq - deleted_read - reply_read)`, unreadThreads and mentionCount are
+//! counters: the target is p99(A) within 1.2x of p99(B), and p99 flat from 1M to 10M
+//! messages (issues 23 and 29). A measurement, not a test.
 //!
 //!   eval "$(scripts/stack env)"; cargo build --release -p chatpipe-tools --bin inbox-unread
 //!   target/release/inbox-unread [--scales 1000000,10000000] [--requests 2000] [--repeat 1]
@@ -13,7 +17,8 @@
 //! filled by set-based SQL (generate_series, not the API): 1,000 groups (A's and B's
 //! 500, each with a second member), the messages (bodies of 60 bytes, deleted ones with
 //! body NULL, deleted_at and deleted_by), then deleted_count, last_read_seq and
-//! deleted_read computed from the rows, then VACUUM ANALYZE. `message` is made UNLOGGED
+//! deleted_read computed from the rows (and A's threads, follows, mentions and their
+//! counters), then VACUUM ANALYZE. `message` is made UNLOGGED
 //! before loading: the server's logical replication slot (Debezium) would otherwise
 //! retain the GBs of WAL the load writes. That changes nothing on the read path measured.
 //! Disk: ~235 bytes per message, 2 x scale messages (4.7 GB at 10M); checked before each.
@@ -80,9 +85,11 @@ const LIMIT: i64 = 50;
 const HEADER: &str = "scale  watermark  A p50/p99 ms     B p50/p99 ms     p99 A/B | \
                       contrast, SQL for A, p99 ms: subtraction  counting";
 
-/// Unread by counting rows, per conversation (the contrast, and the check).
+/// Unread by counting rows, per conversation (the contrast, and the check): the top-level
+/// messages after the watermark that are not deleted.
 const COUNTING: &str = "(SELECT count(*) FROM message g WHERE g.conversation_id = c.id
-                           AND g.seq > m.last_read_seq AND g.deleted_at IS NULL)";
+                           AND g.seq > m.last_read_seq AND g.deleted_at IS NULL
+                           AND g.thread_root_seq IS NULL)";
 
 /// One timed operation; a round interleaves its operations on every client.
 #[derive(Clone)]
@@ -325,10 +332,11 @@ async fn load(conn: &mut PgConnection, scale: i64) -> anyhow::Result<()> {
     for first in (1..=2 * CONVERSATIONS).step_by(50) {
         sqlx::query(
             "INSERT INTO message (conversation_id, seq, sender_id, client_msg_id, body, created_at,
-                                  deleted_at, deleted_by)
+                                  deleted_at, deleted_by, thread_root_seq)
              SELECT c.id, s, sender, (lpad(to_hex(c.id), 16, '0') || lpad(to_hex(s), 16, '0'))::uuid,
                     CASE WHEN NOT del THEN rpad('message ' || s || ' of ' || c.id || ': ', 60, 'lorem ipsum ') END,
-                    at, CASE WHEN del THEN at + interval '1 minute' END, CASE WHEN del THEN sender END
+                    at, CASE WHEN del THEN at + interval '1 minute' END, CASE WHEN del THEN sender END,
+                    CASE WHEN c.created_by = 1 AND s % 5 = 1 AND s > 1 THEN s - 1 END
                FROM (SELECT * FROM conversation WHERE id BETWEEN $1 AND $1 + 49 ORDER BY id) c,
                     generate_series(1, c.last_seq) s,
                     LATERAL (SELECT c.created_by = 1 AND s % 10 = 3 AS del,
@@ -343,25 +351,83 @@ async fn load(conn: &mut PgConnection, scale: i64) -> anyhow::Result<()> {
     eprintln!();
     conn.execute(
         "UPDATE conversation c SET deleted_count = (SELECT count(*) FROM message g
-          WHERE g.conversation_id = c.id AND g.deleted_at IS NOT NULL)",
+          WHERE g.conversation_id = c.id AND g.deleted_at IS NOT NULL),
+                reply_count = (SELECT count(*) FROM message g
+          WHERE g.conversation_id = c.id AND g.thread_root_seq IS NOT NULL)",
     )
     .await?;
+    load_threads_and_mentions(conn).await
+}
+
+/// A's threads (one reply each) with A following every one, and the mentions of A by
+/// the second members, as the writers would have left them.
+async fn load_threads_and_mentions(conn: &mut PgConnection) -> anyhow::Result<()> {
+    conn.execute(
+        "INSERT INTO message_thread (conversation_id, root_seq, reply_count, last_reply_seq,
+                                     last_live_seq, last_reply_at, repliers)
+         SELECT g.conversation_id, g.thread_root_seq, 1, g.seq, g.seq, g.created_at,
+                ARRAY[g.sender_id]
+           FROM message g WHERE g.thread_root_seq IS NOT NULL",
+    )
+    .await?;
+    conn.execute(
+        "INSERT INTO thread_follow (conversation_id, root_seq, user_id, last_read_seq, following)
+         SELECT t.conversation_id, t.root_seq, 1, 0, true FROM message_thread t",
+    )
+    .await?;
+    conn.execute(
+        "INSERT INTO message_mention (conversation_id, user_id, seq, sender_id, created_at)
+         SELECT g.conversation_id, 1, g.seq, g.sender_id, g.created_at
+           FROM conversation c JOIN message g ON g.conversation_id = c.id
+          WHERE c.created_by = 1 AND g.seq % 50 = 7 AND g.sender_id <> 1",
+    )
+    .await?;
+    conn.execute(
+        "UPDATE conversation_member m SET mention_count = (SELECT count(*) FROM message_mention n
+          WHERE n.conversation_id = m.conversation_id AND n.user_id = m.user_id)",
+    )
+    .await?;
+    conn.execute("VACUUM ANALYZE message_thread, thread_follow, message_mention")
+        .await?;
     Ok(())
 }
 
-/// Every member's watermark to last_seq - `behind` (at least 0), deleted_read counted.
+/// Every member's watermark to last_seq - `behind` (at least 0), and A's place in each
+/// thread to the same seq; the counters the watermarks move counted from the rows.
 async fn set_watermarks(conn: &mut PgConnection, behind: i64) -> anyhow::Result<()> {
     sqlx::query(
         "UPDATE conversation_member m SET last_read_seq = w.seq,
                 deleted_read = (SELECT count(*) FROM message d WHERE d.conversation_id = m.conversation_id
-                                   AND d.deleted_at IS NOT NULL AND d.seq <= w.seq)
+                                   AND d.deleted_at IS NOT NULL AND d.thread_root_seq IS NULL
+                                   AND d.seq <= w.seq),
+                reply_read = (SELECT count(*) FROM message d WHERE d.conversation_id = m.conversation_id
+                                 AND d.thread_root_seq IS NOT NULL AND d.seq <= w.seq),
+                mention_read = (SELECT count(*) FROM message_mention n
+                                 WHERE n.conversation_id = m.conversation_id
+                                   AND n.user_id = m.user_id AND n.seq <= w.seq)
            FROM conversation c, LATERAL (SELECT GREATEST(c.last_seq - $1, 0) AS seq) w
           WHERE c.id = m.conversation_id",
     )
     .bind(behind)
     .execute(&mut *conn)
     .await?;
-    conn.execute("VACUUM ANALYZE conversation_member").await?;
+    conn.execute(
+        "UPDATE thread_follow f SET last_read_seq = LEAST(m.last_read_seq, t.last_reply_seq)
+           FROM conversation_member m, message_thread t
+          WHERE m.conversation_id = f.conversation_id AND m.user_id = f.user_id
+            AND t.conversation_id = f.conversation_id AND t.root_seq = f.root_seq",
+    )
+    .await?;
+    conn.execute(
+        "UPDATE conversation_member m SET unread_threads = (
+                SELECT count(*) FROM thread_follow f
+                  JOIN message_thread t USING (conversation_id, root_seq)
+                 WHERE f.conversation_id = m.conversation_id AND f.user_id = m.user_id
+                   AND f.following AND t.last_live_seq > f.last_read_seq)",
+    )
+    .await?;
+    conn.execute("VACUUM ANALYZE conversation_member, thread_follow")
+        .await?;
     Ok(())
 }
 
@@ -375,13 +441,22 @@ struct Bench {
 }
 
 impl Bench {
-    /// Every unreadCount of `user`'s inbox (all pages) equals the counted unread; how many.
+    /// Every (unreadCount, unreadThreads, mentionCount) of `user`'s inbox (all pages)
+    /// equals what the rows say; how many.
     async fn verify(&self, token: &str, user: i64) -> anyhow::Result<usize> {
         let sql = format!(
-            "SELECT c.id, {COUNTING} FROM conversation_member m
+            "SELECT c.id, ({COUNTING},
+                    (SELECT count(*) FROM thread_follow f
+                       JOIN message_thread t USING (conversation_id, root_seq)
+                      WHERE f.conversation_id = c.id AND f.user_id = m.user_id
+                        AND f.following AND t.last_live_seq > f.last_read_seq),
+                    (SELECT count(*) FROM message_mention n
+                      WHERE n.conversation_id = c.id AND n.user_id = m.user_id
+                        AND n.seq > m.last_read_seq))::text
+               FROM conversation_member m
                JOIN conversation c ON c.id = m.conversation_id WHERE m.user_id = $1"
         );
-        let counted: Vec<(i64, i64)> = sqlx::query_as(&sql)
+        let counted: Vec<(i64, String)> = sqlx::query_as(&sql)
             .bind(user)
             .fetch_all(&self.pool)
             .await?;
@@ -392,7 +467,9 @@ impl Bench {
             let page: Value = res.json().await?;
             for e in page["conversations"].as_array().context("conversations")? {
                 let conv = e["conversationId"].as_i64().context("conversationId")?;
-                seen.insert(conv, e["unreadCount"].as_i64().context("unreadCount")?);
+                let n = |k: &str| e[k].as_i64().with_context(|| k.to_owned());
+                let three = (n("unreadCount")?, n("unreadThreads")?, n("mentionCount")?);
+                seen.insert(conv, format!("({},{},{})", three.0, three.1, three.2));
             }
             let Some(cursor) = page["nextCursor"].as_str() else {
                 break;

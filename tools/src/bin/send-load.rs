@@ -14,6 +14,11 @@
 //! send SQL run raw by pgbench on the same server (see `pgbench`), and the API's
 //! throughput as ratios of it: spread/seed, spread/one statement, hot/seed hot.
 //!
+//! With `--replies F --mentions F` each run has two phases more, on conversations of
+//! their own: the same spread and hot load where a fraction F of the sends reply in a
+//! thread (to the sender's first message of the conversation) and a fraction name a
+//! member, and the ratio of each to its plain phase (issue 29: at least 0.9).
+//!
 //! After each phase it checks the invariant the load could break: the seqs the 201s
 //! returned for each conversation are exactly 1..=n with no duplicate, the stored
 //! `message` rows of the conversation are exactly those seqs, and its last_seq is n.
@@ -88,7 +93,48 @@ struct Args {
     /// Where to write the JSON report.
     #[arg(long, default_value = "target/bench/send-load.json")]
     out: String,
+    /// The fraction of sends that reply in a thread, in the mixed phases (0: no mixed
+    /// phases unless --mentions).
+    #[arg(long, default_value_t = 0.0)]
+    replies: f64,
+    /// The fraction of sends that name a member, in the mixed phases.
+    #[arg(long, default_value_t = 0.0)]
+    mentions: f64,
 }
+
+/// Which sends of a sender are replies and which name a member: every `reply_every`-th
+/// and every `mention_every`-th (0: none).
+#[derive(Debug, Clone, Copy, Default)]
+struct Mix {
+    reply_every: u64,
+    mention_every: u64,
+}
+
+impl Mix {
+    fn of(args: &Args) -> Option<Self> {
+        let every = |f: f64| if f > 0.0 { (1.0 / f).round().max(1.0) as u64 } else { 0 };
+        (args.replies > 0.0 || args.mentions > 0.0).then(|| Self {
+            reply_every: every(args.replies),
+            mention_every: every(args.mentions),
+        })
+    }
+
+    /// The body of sender `me`'s `n`-th send (from 0) to a conversation where its first
+    /// message is `root`, if any; `other` is another member.
+    fn body(&self, n: u64, root: Option<i64>, other: i64) -> serde_json::Value {
+        let mut body = json!({"clientMsgId": uuid::Uuid::new_v4(), "body": BODY});
+        let nth = |every: u64| every > 0 && n % every == every - 1;
+        if let (true, Some(root)) = (nth(self.reply_every), root) {
+            body["threadRootSeq"] = json!(root);
+        }
+        if nth(self.mention_every) {
+            body["mentions"] = json!([other]);
+        }
+        body
+    }
+}
+
+const BODY: &str = "a load-test message of a typical length, about sixty chars";
 
 struct Phase {
     name: &'static str,
@@ -146,6 +192,11 @@ async fn main() -> anyhow::Result<()> {
         args.generator == Generator::Rust || args.rate.is_none(),
         "--rate needs --generator rust (wrk runs a closed loop here)"
     );
+    let mix = Mix::of(&args);
+    anyhow::ensure!(
+        args.generator == Generator::Rust || mix.is_none(),
+        "--replies and --mentions need --generator rust"
+    );
     let secret = std::fs::read_to_string(&args.secret_file)
         .with_context(|| format!("reading {}", args.secret_file))?;
     let keys = TokenKeys::new(&secret.trim().to_owned().into(), Duration::ZERO)?;
@@ -187,15 +238,27 @@ async fn main() -> anyhow::Result<()> {
                 .collect();
             create_group(&http, &args.base, &tokens[creator], others)
         };
-        let mut conversations = Vec::with_capacity(args.conversations);
-        for n in 0..args.conversations {
-            conversations.push(create(n).await?);
+        let mut plan: Vec<(&'static str, Vec<i64>, Option<Mix>)> = Vec::new();
+        let kinds: &[(&str, &str, Option<Mix>)] = match mix {
+            None => &[("spread", "hot", None)],
+            Some(_) => &[
+                ("spread", "hot", None),
+                ("spread+threads", "hot+threads", mix),
+            ],
+        };
+        for &(spread, hot, mix) in kinds {
+            let mut conversations = Vec::with_capacity(args.conversations);
+            for n in 0..args.conversations {
+                conversations.push(create(n).await?);
+            }
+            plan.push((spread, conversations, mix));
+            plan.push((hot, vec![create(args.conversations).await?], mix));
         }
-        let hot = vec![create(args.conversations).await?];
 
         let mut phases = Vec::new();
-        for (name, convs) in [("spread", conversations), ("hot", hot)] {
-            let phase = run_phase(name, &args, &http, &tokens, convs, &mut stats).await?;
+        let people = (users.as_slice(), tokens.as_slice());
+        for (name, convs, mix) in plan {
+            let phase = run_phase(name, &args, &http, people, convs, (mix, &mut stats)).await?;
             let q = |x: f64| phase.latency_us.value_at_quantile(x) as f64 / 1000.0;
             println!(
                 "run {} {:<7} {:>8.0} sends/s ({requested})  p50 {:>6.2} ms  p99 {:>6.2} ms  ({} sends, {}, {} senders); \
@@ -235,6 +298,20 @@ async fn main() -> anyhow::Result<()> {
         let ratio = phases[1].per_second() / phases[0].per_second();
         runs.record("hot_over_spread", ratio);
         println!("run {}: hot/spread throughput ratio {ratio:.2}", r + 1);
+        if phases.len() == 4 {
+            for (mixed, plain) in [(2, 0), (3, 1)] {
+                let ratio = phases[mixed].per_second() / phases[plain].per_second();
+                runs.record(&format!("{}_over_plain", phases[mixed].name), ratio);
+                println!(
+                    "run {}: {} / {} throughput ratio {ratio:.2} ({:.0}% replies, {:.0}% mentions)",
+                    r + 1,
+                    phases[mixed].name,
+                    phases[plain].name,
+                    args.replies * 100.0,
+                    args.mentions * 100.0
+                );
+            }
+        }
         let baseline = if args.no_baseline {
             serde_json::Value::Null
         } else {
@@ -254,7 +331,8 @@ async fn main() -> anyhow::Result<()> {
         "benchmark": "send-load",
         "machine": machine(),
         "args": {"concurrency": args.concurrency, "conversations": args.conversations, "seconds": args.seconds,
-                 "base": args.base, "rate": args.rate, "repeat": args.repeat, "database": args.pg.database},
+                 "base": args.base, "rate": args.rate, "repeat": args.repeat, "database": args.pg.database,
+                 "replies": args.replies, "mentions": args.mentions},
         "runs": reports,
         "summary": runs.json(),
     });
@@ -355,9 +433,9 @@ async fn run_phase(
     name: &'static str,
     args: &Args,
     http: &reqwest::Client,
-    tokens: &[String],
+    (users, tokens): (&[i64], &[String]),
     conversations: Vec<i64>,
-    stats: &mut PgStats,
+    (mix, stats): (Option<Mix>, &mut PgStats),
 ) -> anyhow::Result<Phase> {
     // Like the baseline's scripts, no phase shares the machine with an autovacuum worker.
     stats.wait_for_autovacuum(Duration::from_secs(120)).await?;
@@ -393,6 +471,8 @@ async fn run_phase(
     for (w, token) in tokens.iter().enumerate() {
         let (http, token, base) = (http.clone(), token.clone(), args.base.clone());
         let conversations = conversations.clone();
+        let mix = mix.unwrap_or_default();
+        let other = users[(w + 1) % users.len()];
         workers.push(tokio::spawn(async move {
             let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
             let mut seqs: HashMap<i64, Vec<i64>> = HashMap::new();
@@ -409,11 +489,14 @@ async fn run_phase(
                 }
                 let conv = conversations[i % conversations.len()];
                 i += step;
+                let mine = seqs.get(&conv);
+                let (n, root) = (mine.map_or(0, Vec::len) as u64, mine.map(|s| s[0]));
+                let body = mix.body(n, root, other);
                 let t = Instant::now();
                 let res = http
                     .post(format!("{base}/conversations/{conv}/messages"))
                     .bearer_auth(&token)
-                    .json(&json!({"clientMsgId": uuid::Uuid::new_v4(), "body": "a load-test message of a typical length, about sixty chars"}))
+                    .json(&body)
                     .send()
                     .await;
                 let seq = match res {
