@@ -81,6 +81,12 @@ pub const METRICS: &[Entry] = &[
     ("receipts_collapse_ratio", Gauge, "Receipts read per watermark written in the last flush, by mark."),
     // pipeline archive.
     ("archive_changes_total", Counter, "Message changes written to the cold tier (Cassandra), by kind (new, edited, deleted)."),
+    ("notifications_written_total", Counter, "Records written to chat.notifications, by kind (mention, reply, message): one per offline member and collapse window."),
+    ("notifications_skipped_total", Counter, "Members who would have been told but were online (reason=online): their sockets had the messages."),
+    ("notification_flush_failures_total", Counter, "Collapse windows whose recipients could not be read or whose records were not acknowledged; the window stays and is retried."),
+    ("notification_flush_seconds", Histogram, "Time to read a window's recipients and write and acknowledge its records."),
+    ("notification_window_messages", Histogram, "New messages per collapse window sent."),
+    ("notification_windows_open", Gauge, "Conversations with new messages waiting for their collapse window (bounded by notifications.max_open_windows)."),
     ("archive_batches_total", Counter, "Batches written to the cold tier, each followed by its progress in message_archive."),
     ("archive_batch_changes", Histogram, "Changes per batch (at most archive.max_batch)."),
     ("archive_batch_duration_seconds", Histogram, "Time to write one batch: its Cassandra writes (archive.write_concurrency in flight) and its progress in PostgreSQL."),

@@ -5,7 +5,7 @@
 
 use chatpipe_schemas::delivery::{
     Delivery, DELIVERY_UPDATED, MENTION, MESSAGE_DELETED, MESSAGE_EDITED, MESSAGE_NEW,
-    REACTION_ADDED, REACTION_REMOVED, READ_UPDATED, TYPING,
+    REACTION_ADDED, REACTION_REMOVED, READ_UPDATED, THREAD_READ, TYPING,
 };
 use chatpipe_schemas::{ConversationId, Seq, UserId, Watermark};
 use serde::Serialize;
@@ -31,6 +31,10 @@ pub enum Frame {
     ReactionAdded(Reaction),
     #[serde(rename = "reaction.removed")]
     ReactionRemoved(Reaction),
+    /// The user's place in a thread moved on another device (or they followed or stopped
+    /// following it).
+    #[serde(rename = "thread.read")]
+    ThreadRead(ThreadRead),
     /// Someone else in the conversation is typing: show it until 6 s after the last one.
     #[serde(rename = "typing")]
     Typing(Typing),
@@ -148,6 +152,15 @@ pub struct LightDelivered {
     pub light: bool,
 }
 
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ThreadRead {
+    pub conversation_id: ConversationId,
+    pub root_seq: Option<Seq>,
+    pub last_read_seq: Option<Watermark>,
+    pub following: Option<bool>,
+}
+
 /// A member added or took back a reaction; `count` is how many hold it now (0: drop it).
 /// Large groups: coalesced per message and key between two fanout ticks, without
 /// `userId`, `light` (the reactor's own devices get theirs in full at once).
@@ -229,6 +242,12 @@ impl Frame {
             MENTION => Self::Mention(message),
             REACTION_ADDED => Self::ReactionAdded(reaction(d)),
             REACTION_REMOVED => Self::ReactionRemoved(reaction(d)),
+            THREAD_READ => Self::ThreadRead(ThreadRead {
+                conversation_id,
+                root_seq: d.thread_root_seq,
+                last_read_seq: d.last_read_seq,
+                following: d.following,
+            }),
             TYPING => Self::Typing(Typing {
                 conversation_id,
                 user_id: d.user_id,
@@ -289,6 +308,7 @@ mod tests {
             reaction_count: Some(2),
             mentions: Vec::new(),
             thread_root_seq: None,
+            following: None,
         }
     }
 

@@ -177,15 +177,36 @@ export class Api {
 
   /**
    * Sends a message. Retries (see withRetry) reuse the same clientMsgId, so the server
-   * stores it once whatever happened to the earlier attempts.
+   * stores it once whatever happened to the earlier attempts. `mentions`: the member ids
+   * the message names (@); `threadRootSeq`: makes it a reply in that message's thread.
    */
-  /** `mentions`: the member ids the message names (@). */
-  send(conversationId, clientMsgId, body, mentions = []) {
+  send(conversationId, clientMsgId, body, mentions = [], threadRootSeq = null) {
     const payload = { clientMsgId, body };
     if (mentions.length > 0) payload.mentions = mentions;
+    if (threadRootSeq !== null && threadRootSeq !== undefined) payload.threadRootSeq = threadRootSeq;
     return withRetry(() =>
       this.call('POST', `/conversations/${conversationId}/messages`, { body: payload }),
     );
+  }
+
+  // ---- threads (replies) ----
+  /** The replies of thread `rootSeq`, ascending, from `afterSeq` on (`hasMore`: page on). */
+  threadReplies(conversationId, rootSeq, afterSeq = 0, limit = 200) {
+    return this.call('GET', `/conversations/${conversationId}/messages`, {
+      query: { threadRootSeq: rootSeq, afterSeq, limit },
+    });
+  }
+
+  /** Marks thread `rootSeq` read up to `seq` (forwards only, so retries are safe). */
+  readThread(conversationId, rootSeq, seq) {
+    return withRetry(() =>
+      this.call('POST', `/conversations/${conversationId}/threads/${rootSeq}/read`, { body: { seq } }),
+    );
+  }
+
+  /** Follows thread `rootSeq` (or, with `follow` false, stops): `{lastReadSeq, following, unreadThreads}`. */
+  followThread(conversationId, rootSeq, follow = true) {
+    return this.call(follow ? 'PUT' : 'DELETE', `/conversations/${conversationId}/threads/${rootSeq}/follow`);
   }
 
   /** Adds (or, with `remove`, takes back) the caller's reaction `key` to a message. */

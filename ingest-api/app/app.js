@@ -5,10 +5,16 @@
 //   - catch-up      REST loads (/sync, /inbox, history) merged into state
 //   - pushes        WebSocket frames (docs/protocol.md) merged into state
 //   - actions       what the user does: sign in, open, send, edit, delete, …
+//   - replies       a message's thread in the thread panel (threadRootSeq, docs/api.md "Threads")
 //   - rendering     render() redraws from state (batched: once per task)
 //
 // Server data is always merged, never trusted blindly over newer pushes: see
 // mergeConversation() and upsertMessage().
+//
+// Words: a "thread" here is the message store of one conversation (state.threads), as
+// before threads existed in the API. A message's own thread is its "replies": a reply
+// names its "root" (threadRootSeq); the root's `thread` field is the API's summary of
+// its replies; the thread panel shows one root and its replies.
 
 import { Api, ApiError, Gateway, demoConfig } from './api.js';
 
@@ -57,13 +63,21 @@ const state = {
   reactingTo: null,
   /** conversationId -> its members' ids, for the @ picker (loaded when opened). */
   members: new Map(),
+  /**
+   * The thread panel, if open: { conversationId, rootSeq, loaded, readSentSeq }
+   * (`readSentSeq`: the newest reply a thread read was sent for).
+   */
+  threadPanel: null,
   lastTypingSentAt: 0,
 };
 
 function newThread() {
   return {
-    messages: new Map(), // seq -> { seq, senderId, body, createdAt, editedAt, deleted, shownAt }
+    // seq -> { seq, senderId, body, createdAt, editedAt, deleted, shownAt, threadRootSeq?, thread? }:
+    // every seq, replies included (the main list hides them; the thread panel shows them).
+    messages: new Map(),
     pending: [], // your sends without an answer yet: { clientMsgId, body, failed }
+    pendingReplies: [], // your replies without an answer yet: { clientMsgId, body, rootSeq, failed }
     receipts: new Map(), // seq -> receipts answer, for your own messages
     earlyChanges: new Map(), // seq -> an edit/delete that came before its message
     loaded: false,
@@ -159,6 +173,7 @@ function mergeConversation(server, { fromInbox = false } = {}) {
       lastReadSeq: server.lastReadSeq ?? 0,
       unreadCount: server.unreadCount ?? 0,
       mentionCount: server.mentionCount ?? 0,
+      unreadThreads: server.unreadThreads ?? 0,
       notificationLevel: server.notificationLevel ?? 'all',
       mutedUntil: server.mutedUntil,
       lastActivityAt: server.lastActivityAt || server.createdAt,
@@ -182,6 +197,10 @@ function mergeConversation(server, { fromInbox = false } = {}) {
       serverRead >= readSeq
         ? server.unreadCount
         : Math.min(server.unreadCount, Math.max(0, server.lastSeq - readSeq));
+    if (server.unreadThreads !== undefined) {
+      local.unreadThreads = server.unreadThreads;
+      if (local.unreadThreads === 0) clearUnreadRoots(id);
+    }
   } else if (readSeq > local.lastReadSeq) {
     local.unreadCount = Math.min(local.unreadCount, Math.max(0, local.lastSeq - readSeq));
   }
@@ -205,17 +224,20 @@ function toLastMessage(m) {
 function upsertMessage(thread, incoming) {
   const seq = incoming.seq;
   let msg = thread.messages.get(seq);
-  if (!msg) {
+  const created = !msg;
+  if (created) {
     msg = { seq, senderId: incoming.senderId, createdAt: incoming.createdAt, shownAt: Date.now() };
     thread.messages.set(seq, msg);
   }
   msg.senderId ??= incoming.senderId;
   msg.createdAt ??= incoming.createdAt;
+  msg.threadRootSeq ??= incoming.threadRootSeq ?? undefined;
   // History, sync and answers show a message as it is now (no reactions or mentions:
   // none); pushes (with a `type`) say what changed and are applied where they land.
   if (incoming.type === undefined) {
     msg.reactions = incoming.reactions ?? [];
     msg.mentions = incoming.mentions ?? [];
+    if (incoming.thread) mergeRepliesSummary(msg, incoming.thread);
   } else if (incoming.mentions) {
     msg.mentions = incoming.mentions;
   }
@@ -227,6 +249,7 @@ function upsertMessage(thread, incoming) {
       msg.editedAt = incoming.editedAt || msg.editedAt;
     }
   }
+  if (created && msg.threadRootSeq !== undefined) countReply(thread, msg);
   const early = thread.earlyChanges.get(seq);
   if (early) {
     thread.earlyChanges.delete(seq);
@@ -260,13 +283,112 @@ function applyChange(thread, change) {
     return;
   }
   if (msg.deleted) return;
-  if (change.deleted) markDeleted(msg);
-  else if (!isOlderEdit(change.editedAt, msg.editedAt, msg.body)) {
+  if (change.deleted) {
+    if (msg.threadRootSeq !== undefined) uncountReply(thread, msg);
+    markDeleted(msg);
+  } else if (!isOlderEdit(change.editedAt, msg.editedAt, msg.body)) {
     msg.body = change.body;
     msg.editedAt = change.editedAt;
     if (change.mentions) msg.mentions = change.mentions;
   }
   thread.version++;
+}
+
+// ---------------------------------------------------------------------------
+// Replies: a root's `thread` summary (docs/api.md, history and "Threads")
+// ---------------------------------------------------------------------------
+
+/** A summary for a root the server showed none for yet (its author follows from the first reply). */
+function emptyRepliesSummary(root) {
+  return { replyCount: 0, lastReplySeq: 0, repliers: [], following: root.senderId === state.me, unread: false, countedThrough: 0 };
+}
+
+/**
+ * Merges a root's summary as the server shows it (history, sync's `threads`). An answer
+ * older than the replies already counted (`lastReplySeq`) keeps the counts held; the
+ * read position only moves forwards. `countedThrough`: the replies up to that seq are in
+ * the server's `replyCount`, so countReply() skips them.
+ */
+function mergeRepliesSummary(root, server) {
+  const held = root.thread;
+  const lastReadSeq = Math.max(held?.lastReadSeq ?? 0, server.lastReadSeq ?? 0);
+  if (!held || server.lastReplySeq >= held.lastReplySeq) {
+    const { rootSeq, ...summary } = server; // a sync entry names its root
+    root.thread = { ...summary, repliers: [...(server.repliers ?? [])], lastReadSeq, countedThrough: server.lastReplySeq };
+  } else {
+    held.lastReadSeq = lastReadSeq;
+  }
+  if (root.thread.lastReadSeq >= root.thread.lastReplySeq) root.thread.unread = false;
+}
+
+/** A reply new to the store: counts it in its root's summary, unless the server's count has it. */
+function countReply(thread, reply) {
+  const root = thread.messages.get(reply.threadRootSeq);
+  if (!root) return; // older than what is held: its summary comes with it
+  const summary = (root.thread ??= emptyRepliesSummary(root));
+  if (reply.seq <= (summary.countedThrough ?? 0)) return;
+  summary.lastReplySeq = Math.max(summary.lastReplySeq, reply.seq);
+  if (reply.deleted) return;
+  summary.replyCount += 1;
+  summary.lastReplyAt = reply.createdAt ?? summary.lastReplyAt;
+  if (summary.repliers.length < 3 && !summary.repliers.includes(reply.senderId)) summary.repliers.push(reply.senderId);
+  if (reply.senderId === state.me) {
+    // Replying follows the thread, and reads it up to the reply.
+    summary.following = true;
+    summary.lastReadSeq = Math.max(summary.lastReadSeq ?? 0, reply.seq);
+    if (summary.lastReadSeq >= summary.lastReplySeq) summary.unread = false;
+  } else if (summary.following && reply.seq > (summary.lastReadSeq ?? 0)) {
+    summary.unread = true;
+  }
+}
+
+/** A held reply was deleted: one reply fewer on its root. */
+function uncountReply(thread, reply) {
+  const summary = thread.messages.get(reply.threadRootSeq)?.thread;
+  if (summary) summary.replyCount = Math.max(0, summary.replyCount - 1);
+}
+
+/**
+ * The caller's place in a thread moved (a thread read, follow or unfollow: its answer, or
+ * a `thread.read` frame): `{lastReadSeq, following}`.
+ */
+function applyRootPlace(conversationId, rootSeq, place) {
+  const thread = state.threads.get(conversationId);
+  const root = thread?.messages.get(rootSeq);
+  if (!root) return;
+  const summary = (root.thread ??= emptyRepliesSummary(root));
+  summary.lastReadSeq = Math.max(summary.lastReadSeq ?? 0, place.lastReadSeq ?? 0);
+  if (typeof place.following === 'boolean') summary.following = place.following;
+  if (!summary.following || summary.lastReadSeq >= summary.lastReplySeq) summary.unread = false;
+  thread.version++;
+}
+
+/** No followed thread of the conversation is unread (`unreadThreads` is 0): unmark its roots. */
+function clearUnreadRoots(conversationId) {
+  const thread = state.threads.get(conversationId);
+  if (!thread) return;
+  for (const msg of thread.messages.values()) {
+    if (msg.thread?.unread) {
+      msg.thread.unread = false;
+      thread.version++;
+    }
+  }
+}
+
+/** The replies held for root `rootSeq`, ascending. */
+function repliesOf(thread, rootSeq) {
+  return sortedSeqs(thread)
+    .map((seq) => thread.messages.get(seq))
+    .filter((m) => m.threadRootSeq === rootSeq);
+}
+
+/** rootSeq -> how many replies (not deleted) the store holds for it. */
+function heldReplyCounts(thread) {
+  const counts = new Map();
+  for (const m of thread.messages.values()) {
+    if (m.threadRootSeq !== undefined && !m.deleted) counts.set(m.threadRootSeq, (counts.get(m.threadRootSeq) ?? 0) + 1);
+  }
+  return counts;
 }
 
 function sortedSeqs(thread) {
@@ -325,6 +447,7 @@ function applySyncEntry(entry) {
   if (entry.left) {
     state.conversations.delete(id);
     state.threads.delete(id);
+    if (state.threadPanel?.conversationId === id) state.threadPanel = null;
     if (state.openId === id) location.hash = '#/';
     return;
   }
@@ -338,14 +461,25 @@ function applySyncEntry(entry) {
     if (entry.hasMore) {
       // More changed than the entry holds: start this conversation's history afresh.
       state.threads.delete(id);
+      if (state.threadPanel?.conversationId === id) state.threadPanel = null;
       if (state.openId === id) openConversation(id);
     } else {
       for (const m of entry.messages) upsertMessage(thread, m);
+      applySyncedRoots(thread, entry.threads ?? []);
       if (contiguousTop(thread) < maxSeq(thread)) fillGap(id);
     }
   }
   if (entry.messages.some((m) => m.senderId !== state.me)) ack(id, conv.lastSeq);
   if (id === state.openId) markReadIfVisible();
+}
+
+/** A sync entry's `threads`: the summaries (and the caller's places) of roots that changed. */
+function applySyncedRoots(thread, changed) {
+  for (const summary of changed) {
+    const root = thread.messages.get(summary.rootSeq);
+    if (root) mergeRepliesSummary(root, summary);
+  }
+  if (changed.length > 0) thread.version++;
 }
 
 async function loadInbox({ more = false } = {}) {
@@ -431,6 +565,9 @@ function onFrame(frame) {
     case 'mention':
       refreshInboxSoon(); // a large group's message names us: its push was light
       break;
+    case 'thread.read':
+      onThreadRead(frame);
+      break;
     case 'resync':
       // Pushes may have been lost while this socket stayed open (a broker outage).
       catchUp();
@@ -446,6 +583,7 @@ function onMessageNew(frame) {
   const id = frame.conversationId;
   const mine = frame.senderId === state.me;
   const conv = state.conversations.get(id);
+  const reply = frame.threadRootSeq !== undefined && frame.threadRootSeq !== null;
 
   if (!conv) {
     refreshInboxSoon(); // a conversation someone just started with us
@@ -459,7 +597,7 @@ function onMessageNew(frame) {
       conv.lastReadSeq = frame.seq; // sending reads everything before it
       conv.unreadCount = 0;
     } else {
-      conv.unreadCount += 1;
+      if (!reply) conv.unreadCount += 1; // replies count in their thread (unreadThreads)
       if ((frame.mentions ?? []).includes(state.me)) conv.mentionCount = (conv.mentionCount ?? 0) + 1;
     }
   }
@@ -469,6 +607,9 @@ function onMessageNew(frame) {
     if (!frame.light) upsertMessage(thread, frame);
     if (frame.light || contiguousTop(thread) < maxSeq(thread)) fillGap(id);
   }
+  // A reply: stored like any message (above), shown in its thread. Unless that thread is
+  // on screen (then it is read at once, below), the inbox says whether it is unread.
+  if (reply && !mine && !threadOnScreen(id, frame.threadRootSeq)) refreshInboxSoon();
   if (!mine && frame.senderId) stopTyping(id, frame.senderId);
   if (!mine) ack(id, frame.seq);
   if (id === state.openId) {
@@ -559,6 +700,12 @@ function onReadUpdated(frame) {
   }
 }
 
+/** Our place in a thread moved on another device of ours (a thread read, follow or unfollow). */
+function onThreadRead(frame) {
+  if (frame.rootSeq !== undefined && frame.rootSeq !== null) applyRootPlace(frame.conversationId, frame.rootSeq, frame);
+  refreshInboxSoon(); // unreadThreads
+}
+
 function onTyping(frame) {
   if (frame.userId === state.me) return;
   const key = `${frame.conversationId}:${frame.userId}`;
@@ -589,6 +736,7 @@ function ack(conversationId, seq) {
 
 /** Marks what the open conversation shows as read, if the page is visible. */
 function markReadIfVisible() {
+  markThreadReadIfVisible();
   const id = state.openId;
   const conv = state.conversations.get(id);
   const thread = state.threads.get(id);
@@ -618,7 +766,7 @@ function ownRecentSeqs(thread) {
     .reverse()
     .filter((seq) => {
       const m = thread.messages.get(seq);
-      return m.senderId === state.me && !m.deleted;
+      return m.senderId === state.me && !m.deleted && m.threadRootSeq === undefined;
     })
     .slice(0, RECEIPTS_TRACKED);
 }
@@ -713,6 +861,7 @@ function signOut() {
 
 async function openConversation(id) {
   state.openId = id;
+  if (state.threadPanel?.conversationId !== id) state.threadPanel = null;
   state.lastTypingSentAt = 0;
   scrollMode = 'bottom';
   render();
@@ -742,6 +891,7 @@ async function openConversation(id) {
 
 function closeConversation() {
   state.openId = null;
+  state.threadPanel = null;
   render();
 }
 
@@ -808,22 +958,27 @@ async function deliver(id, thread, pending) {
       mentions: pending.mentions,
     });
     const conv = state.conversations.get(id);
-    if (conv) {
-      if (!thread.receipts.has(answer.seq)) thread.receipts.set(answer.seq, emptyReceipt(conv));
-      conv.lastReadSeq = Math.max(conv.lastReadSeq, answer.seq);
-      if (answer.seq >= conv.lastSeq) {
-        conv.lastSeq = answer.seq;
-        conv.unreadCount = 0;
-        conv.lastActivityAt = answer.createdAt;
-        conv.lastMessage = toLastMessage({ ...answer, body: pending.body });
-      }
-    }
+    if (conv && !thread.receipts.has(answer.seq)) thread.receipts.set(answer.seq, emptyReceipt(conv));
+    noteOwnSend(id, answer, pending.body);
   } catch (err) {
     pending.failed = true;
     thread.version++;
     showError(err);
   }
   render();
+}
+
+/** A send of ours committed: it reads everything before it, and may be the newest message. */
+function noteOwnSend(id, answer, body) {
+  const conv = state.conversations.get(id);
+  if (!conv) return;
+  conv.lastReadSeq = Math.max(conv.lastReadSeq, answer.seq);
+  if (answer.seq >= conv.lastSeq) {
+    conv.lastSeq = answer.seq;
+    conv.unreadCount = 0;
+    conv.lastActivityAt = answer.createdAt;
+    conv.lastMessage = toLastMessage({ ...answer, body });
+  }
 }
 
 async function editMessage(seq) {
@@ -891,11 +1046,151 @@ async function toggleMute() {
 
 function onComposerInput() {
   renderMentionPicker();
+  sendTyping($('composer').value);
+}
+
+/** A typing frame for the open conversation (at most every TYPING_SEND_EVERY_MS), while `text` is not blank. */
+function sendTyping(text) {
   const id = state.openId;
   const now = Date.now();
-  if (!id || $('composer').value.trim() === '') return;
+  if (!id || text.trim() === '') return;
   if (now - state.lastTypingSentAt < TYPING_SEND_EVERY_MS) return;
   if (state.gateway?.send({ type: 'typing', conversationId: id })) state.lastTypingSentAt = now;
+}
+
+// ---------------------------------------------------------------------------
+// Replies: the thread panel
+// ---------------------------------------------------------------------------
+
+/** Whether the thread panel shows root `rootSeq` of conversation `id` on a visible page. */
+function threadOnScreen(id, rootSeq) {
+  const panel = state.threadPanel;
+  return (
+    panel?.conversationId === id && panel.rootSeq === rootSeq && id === state.openId && document.visibilityState === 'visible'
+  );
+}
+
+/** Opens the thread panel on a top-level message of the open conversation ("Reply", "N replies"). */
+async function openThreadPanel(rootSeq) {
+  const id = state.openId;
+  const root = state.threads.get(id)?.messages.get(rootSeq);
+  if (!root || root.threadRootSeq !== undefined) return;
+  state.threadPanel = { conversationId: id, rootSeq, loaded: false, readSentSeq: 0 };
+  threadPanelScroll = 'bottom';
+  render();
+  queueMicrotask(() => $('thread-input').focus()); // after the render shows the panel
+  try {
+    await loadReplies(id, rootSeq);
+  } finally {
+    // Loaded, or failed: either way the panel shows (and reads) the replies held.
+    const panel = state.threadPanel;
+    if (panel?.conversationId === id && panel.rootSeq === rootSeq) {
+      panel.loaded = true;
+      threadPanelScroll = 'bottom';
+      render();
+      markThreadReadIfVisible();
+    }
+  }
+}
+
+function closeThreadPanel() {
+  state.threadPanel = null;
+  render();
+}
+
+/** Loads a thread's replies into the conversation's store (deduped by seq, as any message). */
+async function loadReplies(id, rootSeq) {
+  let after = 0;
+  for (;;) {
+    const page = await state.api.threadReplies(id, rootSeq, after);
+    const thread = state.threads.get(id);
+    // Only into a store that holds the root: every reply is then within, or after, what
+    // it holds, so the gap logic stays as it was.
+    if (!thread?.messages.has(rootSeq)) return;
+    for (const m of page.messages) upsertMessage(thread, { ...m, threadRootSeq: m.threadRootSeq ?? rootSeq });
+    if (contiguousTop(thread) < maxSeq(thread)) fillGap(id);
+    if (!page.hasMore || page.messages.length === 0) return;
+    after = page.messages.at(-1).seq;
+  }
+}
+
+/** Marks the thread on screen read up to its newest reply held, once per newer reply. */
+function markThreadReadIfVisible() {
+  const panel = state.threadPanel;
+  if (!panel?.loaded || !threadOnScreen(panel.conversationId, panel.rootSeq)) return;
+  const thread = state.threads.get(panel.conversationId);
+  const seq = thread ? (repliesOf(thread, panel.rootSeq).at(-1)?.seq ?? 0) : 0;
+  if (seq === 0 || seq <= panel.readSentSeq) return;
+  panel.readSentSeq = seq;
+  readThread(panel.conversationId, panel.rootSeq, seq).catch(showError);
+}
+
+/** `POST …/threads/{rootSeq}/read`: the root shows read, the inbox the answer's unreadThreads. */
+async function readThread(id, rootSeq, seq) {
+  const answer = await state.api.readThread(id, rootSeq, seq);
+  applyRootPlace(id, rootSeq, answer);
+  const root = state.threads.get(id)?.messages.get(rootSeq);
+  if (root?.thread) root.thread.unread = false; // read up to the newest reply shown
+  applyUnreadThreads(id, answer.unreadThreads);
+  render();
+  // An inbox answer read before this one could still land: let a fresh one be the last.
+  refreshInboxSoon();
+}
+
+function applyUnreadThreads(id, count) {
+  const conv = state.conversations.get(id);
+  if (!conv || count === undefined) return;
+  conv.unreadThreads = count;
+  if (count === 0) clearUnreadRoots(id);
+}
+
+/** Follows the thread on screen, or stops following it. */
+async function toggleFollow() {
+  const panel = state.threadPanel;
+  const root = panel && state.threads.get(panel.conversationId)?.messages.get(panel.rootSeq);
+  if (!root) return;
+  const answer = await state.api.followThread(panel.conversationId, panel.rootSeq, !root.thread?.following);
+  applyRootPlace(panel.conversationId, panel.rootSeq, answer);
+  applyUnreadThreads(panel.conversationId, answer.unreadThreads);
+  render();
+}
+
+/** Sends a reply in the thread on screen (with the @ mentions it names, as the composer). */
+function sendReply(text) {
+  const panel = state.threadPanel;
+  if (!panel) return;
+  const thread = threadFor(panel.conversationId);
+  const pending = { clientMsgId: newClientMsgId(), body: text, mentions: mentionsIn(text), rootSeq: panel.rootSeq, failed: false };
+  thread.pendingReplies.push(pending);
+  threadPanelScroll = 'bottom';
+  deliverReply(panel.conversationId, thread, pending);
+}
+
+/** Sends a pending reply; "Retry" calls this again with the same clientMsgId. */
+async function deliverReply(id, thread, pending) {
+  pending.failed = false;
+  thread.version++;
+  render();
+  try {
+    const answer = await state.api.send(id, pending.clientMsgId, pending.body, pending.mentions, pending.rootSeq);
+    thread.pendingReplies = thread.pendingReplies.filter((p) => p !== pending);
+    // New to the store: upsertMessage counts it on its root (once, whoever comes first:
+    // this answer or the message.new push).
+    upsertMessage(thread, {
+      seq: answer.seq,
+      senderId: state.me,
+      body: pending.body,
+      createdAt: answer.createdAt,
+      mentions: pending.mentions,
+      threadRootSeq: pending.rootSeq,
+    });
+    noteOwnSend(id, answer, pending.body);
+  } catch (err) {
+    pending.failed = true;
+    thread.version++;
+    showError(err);
+  }
+  render();
 }
 
 // ---------------------------------------------------------------------------
@@ -906,6 +1201,9 @@ let renderQueued = false;
 let renderedThreadKey = null;
 /** What the next message-list redraw does to the scroll position: 'bottom' | 'keep' | null. */
 let scrollMode = null;
+let renderedPanelKey = null;
+/** The same for the thread panel's replies: 'bottom' | null. */
+let threadPanelScroll = null;
 
 /** Redraws once at the end of the current task, however many changes it made. */
 function render() {
@@ -916,6 +1214,7 @@ function render() {
     renderTopbar();
     renderInbox();
     renderConversation();
+    renderThreadPanel();
   });
 }
 
@@ -944,6 +1243,7 @@ function inboxRow(conv) {
   else preview = el('span', { class: 'preview' }, `${last.senderId === state.me ? 'You: ' : ''}${last.preview ?? ''}`);
   const unread = conv.unreadCount > 0 ? String(conv.unreadCount) : '';
   const mentioned = conv.mentionCount > 0 ? `@${conv.mentionCount > 1 ? conv.mentionCount : ''}` : '';
+  const threads = conv.unreadThreads > 0 ? `🧵 ${conv.unreadThreads}` : '';
   const muted = conv.notificationLevel === 'none' || Date.parse(conv.mutedUntil ?? 0) > Date.now();
   const title = conversationTitle(conv);
 
@@ -967,6 +1267,7 @@ function inboxRow(conv) {
           preview,
           muted ? el('span', { class: 'muted-mark', title: 'muted', dataset: { testid: 'muted' } }, '🔕') : null,
           el('span', { class: 'badge mention', dataset: { testid: 'mentions' } }, mentioned),
+          el('span', { class: 'badge threads', title: 'Threads with unread replies', dataset: { testid: 'unread-threads' } }, threads),
           el('span', { class: 'badge', dataset: { testid: 'unread' } }, unread),
         ),
       ),
@@ -1036,8 +1337,12 @@ function renderMessages(conv, thread) {
     ticks.set(seq, best);
   }
 
+  // Replies are held with every seq (gaps, ticks) but shown in their thread panel.
   const isGroup = conv?.type === 'GROUP';
-  const rows = seqs.map((seq) => messageRow(thread.messages.get(seq), isGroup, ticks.get(seq)));
+  const heldReplies = heldReplyCounts(thread);
+  const rows = seqs
+    .filter((seq) => thread.messages.get(seq).threadRootSeq === undefined)
+    .map((seq) => messageRow(thread.messages.get(seq), isGroup, ticks.get(seq), heldReplies.get(seq) ?? 0));
   const pendingRows = thread.pending.map(pendingRow);
   $('messages').replaceChildren(...rows, ...pendingRows);
 
@@ -1046,7 +1351,7 @@ function renderMessages(conv, thread) {
   scrollMode = null;
 }
 
-function messageRow(msg, isGroup, receipt) {
+function messageRow(msg, isGroup, receipt, heldReplies = 0) {
   const mine = msg.senderId === state.me;
   const meta = el('div', { class: 'meta' }, el('time', { datetime: msg.createdAt }, formatTime(msg.createdAt)));
   if (msg.editedAt && !msg.deleted) meta.append(el('span', { class: 'edited' }, 'edited'));
@@ -1068,13 +1373,42 @@ function messageRow(msg, isGroup, receipt) {
       'div',
       { class: 'bubble' },
       isGroup && !mine ? el('div', { class: 'sender' }, userName(msg.senderId)) : null,
-      msg.deleted
-        ? el('div', { class: 'body muted' }, 'message deleted')
-        : el('div', { class: 'body', dataset: { testid: 'message-body' } }, msg.body ?? ''),
+      bodyOf(msg),
       msg.deleted ? null : reactionsRow(msg),
       meta,
     ),
+    repliesRow(msg, heldReplies),
   );
+}
+
+function bodyOf(msg) {
+  return msg.deleted
+    ? el('div', { class: 'body muted' }, 'message deleted')
+    : el('div', { class: 'body', dataset: { testid: 'message-body' } }, msg.body ?? '');
+}
+
+/** Under a top-level message: "N replies" (marked while unread) and "Reply", both open its thread. */
+function repliesRow(msg, heldReplies) {
+  const count = Math.max(msg.thread?.replyCount ?? 0, heldReplies);
+  const unread = Boolean(msg.thread?.unread);
+  const link =
+    count > 0
+      ? el(
+          'button',
+          {
+            type: 'button',
+            class: `link replies${unread ? ' unread' : ''}`,
+            title: unread ? 'New replies' : 'Open the thread',
+            dataset: { action: 'open-thread', seq: msg.seq, testid: 'replies', unread: String(unread) },
+          },
+          `${count} ${count === 1 ? 'reply' : 'replies'}`,
+        )
+      : null;
+  const reply = msg.deleted
+    ? null
+    : el('button', { type: 'button', class: 'link', dataset: { action: 'reply', seq: msg.seq, testid: 'reply' } }, 'Reply');
+  if (!link && !reply) return null;
+  return el('div', { class: 'replies-row' }, link, reply);
 }
 
 /** A message's reactions as buttons (click: add or take back yours), and "+" for more. */
@@ -1117,6 +1451,89 @@ function pendingRow(pending) {
   return el(
     'li',
     { class: 'message mine pending', dataset: { testid: 'message-pending' } },
+    el('div', { class: 'bubble' }, el('div', { class: 'body' }, pending.body), meta),
+  );
+}
+
+/** The thread panel: the root on top, its replies, then your replies being sent. */
+function renderThreadPanel() {
+  const panel = state.threadPanel;
+  const thread = panel && panel.conversationId === state.openId ? state.threads.get(panel.conversationId) : null;
+  const root = thread?.messages.get(panel.rootSeq);
+  $('thread-panel').hidden = !root;
+  document.body.classList.toggle('thread-open', Boolean(root));
+  if (!root) {
+    renderedPanelKey = null;
+    delete $('thread-panel').dataset.rootSeq;
+    return;
+  }
+  const key = `${panel.conversationId}:${panel.rootSeq}:${thread.version}:${panel.loaded}`;
+  if (key === renderedPanelKey) return;
+  renderedPanelKey = key;
+
+  const scroller = $('thread-scroll');
+  const atBottom = scroller.scrollHeight - scroller.scrollTop - scroller.clientHeight < 40;
+  const replies = repliesOf(thread, panel.rootSeq);
+  const count = Math.max(root.thread?.replyCount ?? 0, replies.filter((m) => !m.deleted).length);
+  $('thread-panel').dataset.rootSeq = panel.rootSeq;
+  $('thread-count').textContent = `${count} ${count === 1 ? 'reply' : 'replies'}`;
+  $('thread-follow').textContent = root.thread?.following ? 'Unfollow' : 'Follow';
+  $('thread-composer').hidden = Boolean(root.deleted); // no replies to a deleted message
+  $('thread-root').replaceChildren(threadRootView(root));
+  const pending = thread.pendingReplies.filter((p) => p.rootSeq === panel.rootSeq).map(pendingReplyRow);
+  const loading = !panel.loaded && replies.length === 0 ? el('li', { class: 'hint center' }, 'Loading replies…') : null;
+  $('thread-messages').replaceChildren(...replies.map(threadMessageRow), ...pending, ...(loading ? [loading] : []));
+  if (threadPanelScroll === 'bottom' || atBottom) scroller.scrollTop = scroller.scrollHeight;
+  threadPanelScroll = null;
+}
+
+function threadRootView(root) {
+  return el(
+    'div',
+    { class: `message ${root.senderId === state.me ? 'mine' : 'theirs'}${root.deleted ? ' deleted' : ''}`, dataset: { testid: 'thread-root', seq: root.seq } },
+    el(
+      'div',
+      { class: 'bubble' },
+      el('div', { class: 'sender' }, userName(root.senderId)),
+      bodyOf(root),
+      el('div', { class: 'meta' }, el('time', { datetime: root.createdAt }, formatTime(root.createdAt))),
+    ),
+  );
+}
+
+/** A reply in the thread panel: sender, body, time, and Edit/Delete on your own. */
+function threadMessageRow(msg) {
+  const mine = msg.senderId === state.me;
+  const meta = el('div', { class: 'meta' }, el('time', { datetime: msg.createdAt }, formatTime(msg.createdAt)));
+  if (msg.editedAt && !msg.deleted) meta.append(el('span', { class: 'edited' }, 'edited'));
+  if (mine && !msg.deleted) {
+    meta.append(
+      el('button', { type: 'button', class: 'link action', dataset: { action: 'edit', seq: msg.seq } }, 'Edit'),
+      el('button', { type: 'button', class: 'link action', dataset: { action: 'delete', seq: msg.seq } }, 'Delete'),
+    );
+  }
+  return el(
+    'li',
+    {
+      class: `message ${mine ? 'mine' : 'theirs'}${msg.deleted ? ' deleted' : ''}${(msg.mentions ?? []).includes(state.me) ? ' mentions-me' : ''}`,
+      dataset: { testid: 'thread-message', seq: msg.seq, senderId: msg.senderId, shownAt: msg.shownAt },
+    },
+    el('div', { class: 'bubble' }, mine ? null : el('div', { class: 'sender' }, userName(msg.senderId)), bodyOf(msg), meta),
+  );
+}
+
+function pendingReplyRow(pending) {
+  const meta = pending.failed
+    ? el(
+        'div',
+        { class: 'meta' },
+        el('span', { class: 'error' }, 'Not sent'),
+        el('button', { type: 'button', class: 'link action visible', dataset: { action: 'retry-reply', clientMsgId: pending.clientMsgId } }, 'Retry'),
+      )
+    : el('div', { class: 'meta' }, el('span', { class: 'status' }, 'Sending…'));
+  return el(
+    'li',
+    { class: 'message mine pending', dataset: { testid: 'thread-pending' } },
     el('div', { class: 'bubble' }, el('div', { class: 'body' }, pending.body), meta),
   );
 }
@@ -1211,6 +1628,7 @@ function wire() {
     }
     if (action === 'edit') editMessage(Number(seq)).catch(showError);
     if (action === 'delete') deleteMessage(Number(seq)).catch(showError);
+    if (action === 'reply' || action === 'open-thread') openThreadPanel(Number(seq)).catch(showError);
     if (action === 'retry') {
       const thread = state.threads.get(state.openId);
       const pending = thread?.pending.find((p) => p.clientMsgId === clientMsgId);
@@ -1218,8 +1636,35 @@ function wire() {
     }
   });
 
+  wireThreadPanel();
   window.addEventListener('hashchange', route);
   document.addEventListener('visibilitychange', () => markReadIfVisible());
+}
+
+function wireThreadPanel() {
+  $('close-thread').addEventListener('click', closeThreadPanel);
+  $('thread-follow').addEventListener('click', () => toggleFollow().catch(showError));
+  const input = $('thread-input');
+  $('thread-composer').addEventListener('submit', (event) => {
+    event.preventDefault();
+    const text = input.value;
+    if (!state.threadPanel || text.trim() === '') return;
+    input.value = '';
+    sendReply(text);
+  });
+  input.addEventListener('input', () => sendTyping(input.value));
+  $('thread-messages').addEventListener('click', (event) => {
+    const button = event.target.closest('button[data-action]');
+    if (!button) return;
+    const { action, seq, clientMsgId } = button.dataset;
+    if (action === 'edit') editMessage(Number(seq)).catch(showError);
+    if (action === 'delete') deleteMessage(Number(seq)).catch(showError);
+    if (action === 'retry-reply') {
+      const thread = state.threads.get(state.openId);
+      const pending = thread?.pendingReplies.find((p) => p.clientMsgId === clientMsgId);
+      if (pending) deliverReply(state.openId, thread, pending);
+    }
+  });
 }
 
 /** Signs in at once with ?user=10 in the address, or as the user of this tab before. */

@@ -3,6 +3,7 @@
 pub mod archive;
 pub mod audit;
 pub mod fanout;
+pub mod notify;
 pub mod receipts;
 pub mod redrive;
 pub mod settings;

@@ -32,6 +32,9 @@ enum Command {
     /// Run the archiver: chat.events -> the cold tier (Cassandra), with each
     /// conversation's archived seq in PostgreSQL.
     Archive,
+    /// Run the notifications processor: chat.events + members, levels and presence ->
+    /// chat.notifications, for members who are offline.
+    Notifications,
     /// Run the auditor: chat.events, PostgreSQL, Connect and the services' /readyz ->
     /// alarms on /metrics and a report on GET /report.
     Audit,
@@ -87,6 +90,11 @@ async fn main() -> anyhow::Result<()> {
         Command::Archive => {
             chatpipe_core::telemetry::build_info("archive");
             pipeline::archive::spawn(&settings, &mut supervisor, &readiness)?;
+            axum::Router::new()
+        }
+        Command::Notifications => {
+            chatpipe_core::telemetry::build_info("notifications");
+            pipeline::notify::spawn(&settings, &mut supervisor, &readiness, Arc::default());
             axum::Router::new()
         }
         Command::Audit => {

@@ -23,6 +23,7 @@ pub struct Settings {
     pub fanout: FanoutSettings,
     pub audit: AuditSettings,
     pub archive: ArchiveSettings,
+    pub notifications: NotificationSettings,
     pub storage: chatpipe_core::cold::StorageSettings,
     pub http: HttpSettings,
     pub fault: FaultSettings,
@@ -107,6 +108,26 @@ pub struct ArchiveSettings {
     pub retention_batch: usize,
     /// A row Cassandra's copy differs from is looked at again this much later.
     pub retention_retry_ms: u64,
+}
+
+/// `pipeline notifications`: see `[notifications]` in config/pipeline.toml.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NotificationSettings {
+    pub events_topic: String,
+    pub group: String,
+    /// Where the notifications go (`chat.notifications`, keyed by user id).
+    pub topic: String,
+    /// A conversation's new messages wait this long from the first, then go out as one
+    /// notification per member.
+    pub collapse_ms: u64,
+    /// Conversations with messages waiting, at most; past it the oldest go out early.
+    pub max_open_windows: usize,
+    /// Characters of the newest message's body in a notification (0: no preview).
+    pub preview_chars: usize,
+    /// Messages older than this are not told (a replay after a long outage).
+    pub max_age_ms: u64,
+    pub max_poll_ms: u64,
 }
 
 /// `pipeline audit`: see `[audit]` in config/pipeline.toml.

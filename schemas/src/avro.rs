@@ -14,6 +14,7 @@ use schema_registry_converter::schema_registry_common::get_payload;
 use crate::{
     ChatEvent, ConversationCreated, ConversationId, DeliveryUpdated, MemberJoined, MemberLeft,
     MemberRoleChanged, MessageDeleted, MessageEdited, MessageNew, Reaction, ReadUpdated, Role,
+    ThreadRead,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -105,6 +106,7 @@ const MESSAGE_DELETED: u32 = 7;
 const DELIVERY_UPDATED: u32 = 8;
 const REACTION_ADDED: u32 = 9;
 const REACTION_REMOVED: u32 = 10;
+const THREAD_READ: u32 = 11;
 
 impl EventCodec {
     pub fn new(schema_id: u32) -> Self {
@@ -336,6 +338,16 @@ pub fn to_value(event: &ChatEvent) -> Value {
         ),
         ChatEvent::ReactionAdded(e) => (&e.occurred_at, REACTION_ADDED, reaction(e)),
         ChatEvent::ReactionRemoved(e) => (&e.occurred_at, REACTION_REMOVED, reaction(e)),
+        ChatEvent::ThreadRead(e) => (
+            &e.occurred_at,
+            THREAD_READ,
+            record(vec![
+                ("userId", long(e.user_id)),
+                ("rootSeq", long(e.root_seq)),
+                ("lastReadSeq", long(e.last_read_seq)),
+                ("following", Value::Boolean(e.following)),
+            ]),
+        ),
         ChatEvent::MessageDeleted(e) => (
             &e.deleted_at,
             MESSAGE_DELETED,
@@ -521,6 +533,23 @@ impl Fields {
         }
     }
 
+    /// An optional boolean: absent (an older writer) or null reads as None.
+    pub(crate) fn opt_boolean(&mut self, name: &str) -> Result<Option<bool>, CodecError> {
+        if !self.has(name) {
+            return Ok(None);
+        }
+        match self.take(name)? {
+            Value::Union(_, v) => match *v {
+                Value::Null => Ok(None),
+                Value::Boolean(v) => Ok(Some(v)),
+                other => Err(CodecError::Shape(format!("{name} is {other:?}"))),
+            },
+            Value::Null => Ok(None),
+            Value::Boolean(v) => Ok(Some(v)),
+            other => Err(CodecError::Shape(format!("{name} is {other:?}"))),
+        }
+    }
+
     pub(crate) fn boolean(&mut self, name: &str) -> Result<bool, CodecError> {
         match self.take(name)? {
             Value::Boolean(v) => Ok(v),
@@ -653,6 +682,14 @@ pub fn from_value(value: Value) -> Result<ChatEvent, CodecError> {
         "reaction.removed" => {
             ChatEvent::ReactionRemoved(reaction_from(p, conversation_id, occurred_at)?)
         }
+        "thread.read" => ChatEvent::ThreadRead(ThreadRead {
+            conversation_id,
+            user_id: p.id("userId")?,
+            root_seq: p.id("rootSeq")?,
+            last_read_seq: p.id("lastReadSeq")?,
+            following: p.boolean("following")?,
+            occurred_at,
+        }),
         "message.deleted" => ChatEvent::MessageDeleted(MessageDeleted {
             conversation_id,
             seq: p.id("seq")?,
@@ -756,6 +793,14 @@ mod tests {
                 user_id: UserId::of(21),
                 key: "party_parrot".into(),
                 count: 0,
+                occurred_at: at(),
+            }),
+            ChatEvent::ThreadRead(ThreadRead {
+                conversation_id: ConversationId::of(7),
+                user_id: UserId::of(21),
+                root_seq: Seq::of(40),
+                last_read_seq: Watermark::of(42),
+                following: true,
                 occurred_at: at(),
             }),
             ChatEvent::MessageDeleted(MessageDeleted {

@@ -95,7 +95,15 @@ pub const EPHEMERAL: Contract = Contract {
     history: "ephemeral",
 };
 
-pub const ALL: [Contract; 7] = [
+/// What offline members should be told (the notifications processor's output).
+pub const NOTIFICATIONS: Contract = Contract {
+    topic: "chat.notifications",
+    schema: include_str!("../notification.avsc"),
+    compatibility: Compatibility::FullTransitive,
+    history: "notification",
+};
+
+pub const ALL: [Contract; 8] = [
     CHAT_EVENTS,
     READ_RECEIPTS,
     DELIVERY_ACKS,
@@ -103,6 +111,7 @@ pub const ALL: [Contract; 7] = [
     DELIVERIES,
     FANOUT_MEMBERS,
     EPHEMERAL,
+    NOTIFICATIONS,
 ];
 
 #[cfg(test)]

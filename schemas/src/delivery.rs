@@ -16,6 +16,8 @@ pub const REACTION_ADDED: &str = "reaction.added";
 pub const REACTION_REMOVED: &str = "reaction.removed";
 /// A light `message.new` names these users: each hears of it at once.
 pub const MENTION: &str = "mention";
+/// A member's place in a thread moved: to their own devices only.
+pub const THREAD_READ: &str = "thread.read";
 /// Someone is typing: `userId`; never stored, from `chat.ephemeral`.
 pub const TYPING: &str = "typing";
 
@@ -42,8 +44,10 @@ pub struct Delivery {
     pub reaction_count: Option<i64>,
     /// message.new, message.edited (full): the members the message names.
     pub mentions: Vec<UserId>,
-    /// message.new, mention: the reply's thread root.
+    /// message.new, mention: the reply's thread root; thread.read: the thread's root.
     pub thread_root_seq: Option<Seq>,
+    /// thread.read: whether the reader follows the thread.
+    pub following: Option<bool>,
 }
 
 #[derive(Debug, Clone)]
@@ -85,6 +89,13 @@ impl DeliveryCodec {
                 Value::Array(d.mentions.iter().map(|u| long(*u)).collect()),
             ),
             ("threadRootSeq", opt_long(d.thread_root_seq)),
+            (
+                "following",
+                match d.following {
+                    Some(f) => Value::Union(1, Box::new(Value::Boolean(f))),
+                    None => Value::Union(0, Box::new(Value::Null)),
+                },
+            ),
         ]))
     }
 }
@@ -135,6 +146,7 @@ impl Delivery {
             } else {
                 None
             },
+            following: f.opt_boolean("following")?,
         })
     }
 }
@@ -164,6 +176,7 @@ mod tests {
             reaction_count: None,
             mentions: vec![UserId::of(2)],
             thread_root_seq: Some(Seq::of(3)),
+            following: None,
         };
         let light = Delivery {
             light: true,

@@ -17,6 +17,7 @@ pub mod ephemeral;
 mod history;
 pub mod ids;
 pub mod members;
+pub mod notification;
 pub mod presence;
 pub mod receipt;
 pub mod registry;
@@ -52,6 +53,8 @@ pub enum ChatEvent {
     DeliveryUpdated(DeliveryUpdated),
     #[serde(rename = "reaction.added")]
     ReactionAdded(Reaction),
+    #[serde(rename = "thread.read")]
+    ThreadRead(ThreadRead),
     #[serde(rename = "reaction.removed")]
     ReactionRemoved(Reaction),
 }
@@ -187,6 +190,19 @@ pub struct Reaction {
     pub occurred_at: DateTime<Utc>,
 }
 
+/// A member's place in a thread moved, or they followed or stopped following it: their
+/// other devices update the thread's unread state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ThreadRead {
+    pub conversation_id: ConversationId,
+    pub user_id: UserId,
+    pub root_seq: Seq,
+    pub last_read_seq: Watermark,
+    pub following: bool,
+    pub occurred_at: DateTime<Utc>,
+}
+
 /// A member's delivery watermark moved: everything up to `last_delivered_seq` reached one
 /// of their devices.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -222,6 +238,7 @@ impl ChatEvent {
             Self::DeliveryUpdated(_) => "delivery.updated",
             Self::ReactionAdded(_) => "reaction.added",
             Self::ReactionRemoved(_) => "reaction.removed",
+            Self::ThreadRead(_) => "thread.read",
         }
     }
 
@@ -238,6 +255,7 @@ impl ChatEvent {
             Self::ReadUpdated(e) => e.conversation_id,
             Self::DeliveryUpdated(e) => e.conversation_id,
             Self::ReactionAdded(e) | Self::ReactionRemoved(e) => e.conversation_id,
+            Self::ThreadRead(e) => e.conversation_id,
         }
     }
 }

@@ -392,6 +392,17 @@ impl Registry {
         Ok(crate::delivery::DeliveryCodec::new(id))
     }
 
+    /// Registers the chat.notifications schema under `subject` and returns a codec.
+    pub async fn notification_codec_for(
+        &self,
+        subject: &str,
+    ) -> Result<crate::notification::NotificationCodec, RegistryError> {
+        let id = self
+            .register_as(subject, &crate::contract::NOTIFICATIONS)
+            .await?;
+        Ok(crate::notification::NotificationCodec::new(id))
+    }
+
     /// Registers the chat.fanout-members schema under `subject` and returns a codec.
     pub async fn fanout_members_codec_for(
         &self,

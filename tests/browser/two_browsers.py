@@ -14,7 +14,15 @@ Steps and checks:
   3. bob types (alice sees "is typing"), and replies; alice sees it within 1 s, and her
      first message shows "Read";
   4. bob goes back to the inbox; alice sends 3 more; each reaches bob's inbox within 1 s;
-     bob's unread shows 3; he opens the conversation: all 3 shown, unread 0.
+     bob's unread shows 3; he opens the conversation: all 3 shown, unread 0;
+  5. bob reacts to alice's first message; alice, in the conversation, sees it on hers;
+  6. alice goes back to the inbox; bob names her with the @ picker; her inbox shows the
+     mention badge until she opens the conversation and reads it;
+  7. alice goes back to the inbox; bob clicks "Reply" under alice's last message (the
+     root), and sends a reply in the thread panel; alice's inbox shows the unread-threads
+     badge (1); she opens the conversation: the reply is not in the main list, the root
+     shows "1 reply" marked unread; she opens the thread panel and sees bob's reply; the
+     marker and the badge clear, and stay clear once she is back on the inbox.
 
 "Send returning" is when alice's page got the POST's answer: the app stamps each message
 row with `data-shown-at` (ms since the epoch). Both browsers run on this machine, so the
@@ -74,6 +82,7 @@ return {
     id: Number(row.dataset.conversationId),
     unread: text(row, '[data-testid="unread"]'),
     mentions: text(row, '[data-testid="mentions"]'),
+    unreadThreads: text(row, '[data-testid="unread-threads"]'),
     preview: text(row, '.preview'),
   })),
   messages: [...document.querySelectorAll('[data-testid="message"]')].map((row) => ({
@@ -83,7 +92,21 @@ return {
     body: text(row, '[data-testid="message-body"]'),
     receipt: text(row, '[data-testid="receipt"]'),
     reactions: [...row.querySelectorAll('[data-testid="reaction"]')].map((b) => b.textContent),
+    replies: text(row, '[data-testid="replies"]'),
+    repliesUnread: row.querySelector('[data-testid="replies"]')?.dataset.unread === 'true',
   })),
+  threadPanel: (() => {
+    const panel = document.querySelector('[data-testid="thread-panel"]');
+    if (!panel || panel.hidden) return null;
+    return {
+      rootSeq: Number(panel.dataset.rootSeq),
+      messages: [...panel.querySelectorAll('[data-testid="thread-message"]')].map((row) => ({
+        seq: Number(row.dataset.seq),
+        senderId: Number(row.dataset.senderId),
+        body: text(row, '[data-testid="message-body"]'),
+      })),
+    };
+  })(),
 };
 """
 
@@ -181,8 +204,27 @@ def unread_of(state, conversation_id):
     return int(r["unread"]) if (r["unread"] or "").strip() else 0
 
 
+def unread_threads_of(state, conversation_id):
+    """The inbox row's unread-threads badge ("🧵 1") as a number; 0 when empty or absent."""
+    r = row(state, conversation_id)
+    if r is None:
+        return None
+    digits = "".join(ch for ch in (r.get("unreadThreads") or "") if ch.isdigit())
+    return int(digits) if digits else 0
+
+
 def message_with(state, body):
     return next((m for m in state["messages"] if m["body"] == body), None)
+
+
+def message_at(state, seq):
+    return next((m for m in state["messages"] if m["seq"] == seq), None)
+
+
+def thread_reply_with(state, body):
+    """A reply shown in the open thread panel, by body."""
+    panel = state.get("threadPanel") or {}
+    return next((m for m in panel.get("messages", []) if m["body"] == body), None)
 
 
 # ---- the scenario ----
@@ -315,6 +357,61 @@ def run(args, alice, bob, report):
     alice.click(f'[data-testid="conversation-item"][data-conversation-id="{conv_id}"] a')
     alice.wait_for("alice's mention badge clears once she reads", lambda s: not (row(s, conv_id) or {}).get("mentions"), 5)
     checks["aliceMentionClearedByReading"] = True
+
+    # 7. A thread: alice back on her inbox; bob replies under her last message; she sees
+    # the thread badge, then the root's "1 reply" marked unread, then the reply in the
+    # thread panel; reading it clears both.
+    thread_replies(alice, bob, conv_id, tag, checks)
+
+
+def thread_replies(alice, bob, conv_id, tag, checks):
+    """Step 7: bob replies in the thread of alice's last message (bob has the conversation open)."""
+    root_body = f"more #3 ({tag})"
+    alice.click('[data-testid="close-conversation"]')
+    alice.wait_for("alice back on the inbox", lambda s: s["openConversation"] is None, 3)
+
+    root_seq = message_with(bob.state(), root_body)["seq"]
+    bob.click(f'[data-testid="message"][data-seq="{root_seq}"] [data-testid="reply"]')
+    bob.wait_for("bob's thread panel opens on the root", lambda s: (s["threadPanel"] or {}).get("rootSeq") == root_seq, 5)
+    reply = f"a reply in the thread, bob ({tag})"
+    bob.type("thread-input", reply)
+    bob.click('[data-testid="thread-send"]')
+    bob.wait_for("bob's reply committed in his thread panel", lambda s: thread_reply_with(s, reply), 10)
+
+    alice.wait_for("the unread-threads badge (1) in alice's inbox", lambda s: unread_threads_of(s, conv_id) == 1, 5)
+    alice.click(f'[data-testid="conversation-item"][data-conversation-id="{conv_id}"] a')
+    state, _ = alice.wait_for(
+        "the root shows '1 reply', marked unread, in alice's conversation",
+        lambda s: s["openConversation"] == conv_id
+        and "1 reply" in ((message_at(s, root_seq) or {}).get("replies") or "")
+        and (message_at(s, root_seq) or {}).get("repliesUnread")
+        and s,
+        5,
+    )
+    checks["aliceSawUnreadThread"] = True
+    if message_with(state, reply):
+        raise Failure("bob's reply shows in alice's main message list, not only in its thread")
+
+    alice.click(f'[data-testid="message"][data-seq="{root_seq}"] [data-testid="replies"]')
+    alice.wait_for(
+        "bob's reply in alice's thread panel",
+        lambda s: (s["threadPanel"] or {}).get("rootSeq") == root_seq and thread_reply_with(s, reply),
+        5,
+    )
+    checks["aliceSawThreadReply"] = True
+
+    alice.wait_for(
+        "the root's unread marker and alice's thread badge clear once she reads the thread",
+        lambda s: not (message_at(s, root_seq) or {}).get("repliesUnread") and unread_threads_of(s, conv_id) == 0,
+        5,
+    )
+    alice.click('[data-testid="close-thread"]')
+    alice.click('[data-testid="close-conversation"]')
+    alice.wait_for("alice back on the inbox", lambda s: s["openConversation"] is None, 3)
+    # Any inbox reload after the read must agree: give one a moment to land.
+    time.sleep(0.5)
+    alice.wait_for("no thread badge in alice's inbox after reading", lambda s: unread_threads_of(s, conv_id) == 0, 5)
+    checks["aliceThreadClearedByReading"] = True
 
 
 def side_by_side(left, right, path):

@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use chatpipe_schemas::contract::ALL;
 use chatpipe_schemas::delivery::{
     DELIVERY_UPDATED, MENTION, MESSAGE_DELETED, MESSAGE_EDITED, MESSAGE_NEW, REACTION_ADDED,
-    REACTION_REMOVED, READ_UPDATED, TYPING,
+    REACTION_REMOVED, READ_UPDATED, THREAD_READ, TYPING,
 };
 
 use crate::repo_root;
@@ -66,6 +66,7 @@ fn every_topic_and_every_frame_type_is_in_the_asyncapi_document() {
         DELIVERY_UPDATED,
         REACTION_ADDED,
         REACTION_REMOVED,
+        THREAD_READ,
         MENTION,
         TYPING,
         gateway::resync::RESYNC,
@@ -103,6 +104,7 @@ fn every_frame_the_gateway_makes_is_valid_against_its_asyncapi_payload() {
         reaction_count: Some(2),
         mentions: vec![UserId::of(8)],
         thread_root_seq: Some(Seq::of(3)),
+        following: Some(true),
     };
     let mut frames = Vec::new();
     for (event_type, message) in [
@@ -113,6 +115,7 @@ fn every_frame_the_gateway_makes_is_valid_against_its_asyncapi_payload() {
         (DELIVERY_UPDATED, "deliveryUpdated"),
         (REACTION_ADDED, "reactionAdded"),
         (REACTION_REMOVED, "reactionRemoved"),
+        (THREAD_READ, "threadRead"),
         (MENTION, "mention"),
         (TYPING, "typingPush"),
     ] {

@@ -562,6 +562,32 @@ async fn thread_reads_are_monotone_and_clamped_follows_are_idempotent_and_member
         .expect(200);
     send(&app, conv, bob, Some(quiet), &[]).await;
     assert_eq!(thread(carol).await, 1);
+    // Each change of a place wrote one thread.read, with the place after it; a read that
+    // changed nothing wrote none.
+    let places: Vec<(i64, i64, i64, bool)> = app
+        .outbox_events()
+        .await
+        .into_iter()
+        .filter_map(|e| match e {
+            ChatEvent::ThreadRead(t) => Some((
+                t.user_id.get(),
+                t.root_seq.get(),
+                t.last_read_seq.get(),
+                t.following,
+            )),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        places,
+        vec![
+            (alice, root, first, true),
+            (alice, root, second, true),
+            (carol, root, second, true),
+            (carol, root, second, false),
+            (carol, quiet, 0, true),
+        ]
+    );
     // Strangers and non-roots: 404, problem+json.
     app.user(stranger).put(&follow).await.problem(404);
     read(stranger, first).await.problem(404);

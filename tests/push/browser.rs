@@ -78,6 +78,9 @@ async fn two_people_chat_in_two_browsers_through_the_demo_client() {
         "aliceSawReaction",
         "aliceSawMention",
         "aliceMentionClearedByReading",
+        "aliceSawUnreadThread",
+        "aliceSawThreadReply",
+        "aliceThreadClearedByReading",
     ] {
         assert_eq!(result["checks"][check], true, "{check}: {result}");
     }

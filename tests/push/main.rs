@@ -9,6 +9,7 @@ mod gateway_restart;
 mod late_start;
 mod limits;
 mod membership;
+mod notifications;
 mod mentions;
 mod reactions;
 mod slow_client;

@@ -1,6 +1,7 @@
 //! Threads on the push path: a reply's `message.new` names its root, in the full frame
 //! of a small group and in the light frame of a large one, so a client files it under
-//! its thread without fetching it first.
+//! its thread without fetching it first; a thread read reaches the reader's other
+//! devices, and nobody else.
 
 use serde_json::json;
 
@@ -43,4 +44,40 @@ async fn a_replys_frame_names_its_root_full_and_light() {
             assert_eq!(frame["body"], "in the thread", "{frame}");
         }
     }
+
+    // Bob reads a thread on another device: this socket learns his place; Carol, a
+    // member online beside him, gets nothing of it.
+    let mut carol_ws = p.connect(&gw.url, carol).await;
+    fanout.wait_online(&[carol], PRESENCE_DEADLINE).await;
+    let root = p.app.user(alice).send_message(large, "another").await;
+    let reply = p
+        .app
+        .user(carol)
+        .post(
+            &format!("/conversations/{large}/messages"),
+            json!({"clientMsgId": uuid::Uuid::new_v4(), "body": "r", "threadRootSeq": root}),
+        )
+        .await
+        .expect(201)["seq"]
+        .as_i64()
+        .unwrap();
+    p.app
+        .user(bob)
+        .post(
+            &format!("/conversations/{large}/threads/{root}/read"),
+            json!({"seq": reply}),
+        )
+        .await
+        .expect(200);
+    let thread_read = |f: &serde_json::Value| f["type"] == "thread.read";
+    let (frame, _) = bob_ws.until(PUSH_DEADLINE, thread_read).await;
+    assert_eq!(
+        frame,
+        json!({"type": "thread.read", "conversationId": large, "rootSeq": root,
+               "lastReadSeq": reply, "following": false})
+    );
+    // A marker after it: Carol's socket has had everything about `large` by then.
+    let marker = p.app.user(alice).send_message(large, "marker").await;
+    let (_, before) = carol_ws.until(PUSH_DEADLINE, is_message(large, marker)).await;
+    assert!(!before.iter().any(thread_read), "carol got bob's thread read: {before:?}");
 }

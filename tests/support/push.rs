@@ -15,6 +15,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 use crate::stream::{brokers, Pipeline};
+use chatpipe_schemas::notification::Notification;
 use crate::{registry_url, JWT_SECRET};
 
 /// Partitions of `<ns>.chat.deliveries`: gateways in one test use distinct ones.
@@ -45,6 +46,124 @@ impl Pipeline {
         s.fanout.ephemeral_topic = self.ephemeral_topic.clone();
         s.fanout.typing_group = format!("{}-typing", self.ns);
         s
+    }
+
+    pub fn notifications_topic(&self) -> String {
+        format!("{}.chat.notifications", self.ns)
+    }
+
+    /// Settings for a notifications processor of this namespace (reading presence as
+    /// fanout would).
+    pub fn notification_settings(&self) -> pipeline::settings::Settings {
+        let mut s = self.fanout_settings();
+        s.notifications.events_topic = self.topic.clone();
+        s.notifications.group = format!("{}-notifications", self.ns);
+        s.notifications.topic = self.notifications_topic();
+        s
+    }
+
+    /// Runs a notifications processor in this process until the handle is dropped (a
+    /// [`FanoutProcessor`] handle: its status is the processor's presence table).
+    pub fn start_notifications(&self, settings: pipeline::settings::Settings) -> FanoutProcessor {
+        chatpipe_core::telemetry::init_logging();
+        let stop = chatpipe_runtime::CancellationToken::new();
+        let status = Arc::new(pipeline::fanout::Status::default());
+        let readiness = chatpipe_runtime::Readiness::default();
+        let (flag, st, r) = (stop.clone(), status.clone(), readiness.clone());
+        let thread =
+            std::thread::spawn(move || pipeline::notify::run_with(&settings, flag, st, &r));
+        FanoutProcessor {
+            stop,
+            status,
+            readiness,
+            thread: Some(thread),
+        }
+    }
+
+    /// Every record on this namespace's notifications topic up to its end offsets as
+    /// they are now (the broker's high watermarks): (key, record).
+    pub async fn notifications_all(&self, deadline: Duration) -> Vec<(String, Notification)> {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let topic = self.notifications_topic();
+        let client: BaseConsumer<chatpipe_core::kafka::Guarded> =
+            chatpipe_core::kafka::consumer_config(&brokers(), "notifications-ends")
+                .create_guarded()
+                .expect("Kafka client");
+        let ends: Vec<(i32, i64)> = (0..2)
+            .map(|p| {
+                let (_, high) = client
+                    .fetch_watermarks(&topic, p, deadline)
+                    .expect("the topic's end offsets");
+                (p, high)
+            })
+            .collect();
+        let mut seen: std::collections::HashMap<i32, i64> = Default::default();
+        self.read_notifications(deadline, |_, at| {
+                if let Some((p, o)) = at {
+                    seen.insert(p, o + 1);
+                }
+            ends.iter().all(|(p, end)| seen.get(p).copied().unwrap_or(0) >= *end)
+        })
+        .await
+    }
+
+    /// The records on this namespace's notifications topic, read from the start with the
+    /// writer schemas the registry gives, until `done` says so (fails at the deadline
+    /// with what it read): (key, record).
+    pub async fn notifications_until(
+        &self,
+        deadline: Duration,
+        mut done: impl FnMut(&[(String, Notification)]) -> bool,
+    ) -> Vec<(String, Notification)> {
+        self.read_notifications(deadline, |records, _| done(records))
+            .await
+    }
+
+    /// Reads the notifications topic from the start until `done` (given what was read and
+    /// the position of the last record, none before the first) says so.
+    async fn read_notifications(
+        &self,
+        deadline: Duration,
+        mut done: impl FnMut(&[(String, Notification)], Option<(i32, i64)>) -> bool,
+    ) -> Vec<(String, Notification)> {
+        use chatpipe_core::kafka::StreamConsumer;
+        use rdkafka::consumer::Consumer;
+        use rdkafka::Message as _;
+        let topic = self.notifications_topic();
+        let consumer: StreamConsumer = chatpipe_core::kafka::consumer_config(
+            &brokers(),
+            &format!("{topic}-read-{}", uuid::Uuid::new_v4()),
+        )
+        .create_guarded()
+        .expect("Kafka consumer");
+        consumer.subscribe(&[&topic]).expect("subscribe");
+        let registry = chatpipe_schemas::registry::Registry::new(&registry_url(), deadline)
+            .expect("registry client");
+        let until = tokio::time::Instant::now() + deadline;
+        let mut records = Vec::new();
+        let mut at = None;
+        while !done(&records, at) {
+            let m = tokio::time::timeout_at(until, consumer.recv())
+                .await
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "{} notifications on {topic} after {deadline:?}: {records:?}",
+                        records.len()
+                    )
+                })
+                .expect("consuming the notifications topic");
+            let key = String::from_utf8_lossy(m.key().expect("keyed by user")).into_owned();
+            let bytes = m.payload().expect("notifications have values");
+            let (id, _) = chatpipe_schemas::avro::split_frame(bytes).expect("framed Avro");
+            let writer = registry.writer_schema(id).await.expect("the writer schema");
+            records.push((
+                key,
+                Notification::decode_with(&writer, bytes).expect("a notification"),
+            ));
+            at = Some((m.partition(), m.offset()));
+        }
+        crate::stream::close_consumer(consumer, "notifications").await;
+        records
     }
 
     /// Runs a fanout processor in this process until the handle is dropped.

@@ -149,6 +149,7 @@ pub async fn spawn_pipeline_adjusted(
     )
     .await;
     create_topic(&format!("{ns}.chat.deliveries.dlq"), 1).await;
+    create_topic(&format!("{ns}.chat.notifications"), 2).await;
     let db: String = sqlx::query_scalar("SELECT current_database()")
         .fetch_one(&app.pool)
         .await

@@ -13,7 +13,8 @@
 
 use std::collections::HashMap;
 
-use chatpipe_core::{ConversationId, Seq, UserId};
+use chatpipe_core::{ConversationId, Seq, UserId, Watermark};
+use chatpipe_schemas::{ChatEvent, ThreadRead};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgConnection;
@@ -318,7 +319,8 @@ pub struct ThreadPosition {
 /// Moves `user`'s position in thread `root` to `seq` (monotone, clamped to the newest
 /// reply) and/or sets whether they follow it. A message nobody replied to yet can be
 /// followed (and read) if it is a top-level message not deleted. 404 for a non-member,
-/// and for a seq that is no thread's root.
+/// and for a seq that is no thread's root. A change writes `thread.read` (for the
+/// member's other devices) in the same transaction.
 pub async fn set_position(
     db: &Store,
     conversation: ConversationId,
@@ -344,6 +346,16 @@ pub async fn set_position(
     .bind(root.get())
     .execute(&mut *tx)
     .await?;
+    // The member's place before, locked (the function below locks it again).
+    let before: Option<(i64, bool)> = sqlx::query_as(
+        "SELECT last_read_seq, following FROM thread_follow
+          WHERE conversation_id = $1 AND root_seq = $2 AND user_id = $3 FOR UPDATE",
+    )
+    .bind(conversation.get())
+    .bind(root.get())
+    .bind(user.get())
+    .fetch_optional(&mut *tx)
+    .await?;
     let position: Option<ThreadPosition> = sqlx::query_as(
         "SELECT last_read_seq, following, unread_threads
            FROM chat_thread_position($1, $2, $3, $4, $5)",
@@ -356,6 +368,18 @@ pub async fn set_position(
     .fetch_optional(&mut *tx)
     .await?;
     let position = position.ok_or(StoreError::NotFound { what: "thread" })?;
+    if before != Some((position.last_read_seq, position.following)) {
+        let event = ChatEvent::ThreadRead(ThreadRead {
+            conversation_id: conversation,
+            user_id: user,
+            root_seq: root,
+            last_read_seq: Watermark::new(position.last_read_seq)
+                .map_err(|e| StoreError::corrupt(e.to_string()))?,
+            following: position.following,
+            occurred_at: super::now(),
+        });
+        db.outbox.write(&mut tx, &[event]).await?;
+    }
     tx.commit().await?;
     Ok(position)
 }

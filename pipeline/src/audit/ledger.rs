@@ -90,7 +90,8 @@ impl Ledger {
             | ChatEvent::MessageDeleted(_)
             | ChatEvent::DeliveryUpdated(_)
             | ChatEvent::ReactionAdded(_)
-            | ChatEvent::ReactionRemoved(_) => Finding::Fine,
+            | ChatEvent::ReactionRemoved(_)
+            | ChatEvent::ThreadRead(_) => Finding::Fine,
         }
     }
 

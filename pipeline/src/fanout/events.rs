@@ -325,7 +325,8 @@ impl Fanout {
             | ChatEvent::MessageDeleted(_)
             | ChatEvent::DeliveryUpdated(_)
             | ChatEvent::ReactionAdded(_)
-            | ChatEvent::ReactionRemoved(_) => {
+            | ChatEvent::ReactionRemoved(_)
+            | ChatEvent::ThreadRead(_) => {
                 if self.state.members.knows(conversation) {
                     self.state.members.touch(conversation);
                 } else {
@@ -340,6 +341,7 @@ impl Fanout {
             ChatEvent::MessageDeleted(e) => e.deleted_at,
             ChatEvent::DeliveryUpdated(e) => e.occurred_at,
             ChatEvent::ReactionAdded(e) | ChatEvent::ReactionRemoved(e) => e.occurred_at,
+            ChatEvent::ThreadRead(e) => e.occurred_at,
             _ => return Ok(()),
         };
         let age = chrono::Utc::now() - occurred_at;

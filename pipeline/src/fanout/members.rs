@@ -185,7 +185,8 @@ impl Members {
             | ChatEvent::MessageDeleted(_)
             | ChatEvent::DeliveryUpdated(_)
             | ChatEvent::ReactionAdded(_)
-            | ChatEvent::ReactionRemoved(_) => return Change::None,
+            | ChatEvent::ReactionRemoved(_)
+            | ChatEvent::ThreadRead(_) => return Change::None,
             ChatEvent::MemberJoined(_)
             | ChatEvent::MemberLeft(_)
             | ChatEvent::MemberRoleChanged(_) => {}

@@ -105,6 +105,12 @@ impl Status {
         self.membership_loads.load(Ordering::Relaxed)
     }
 
+    /// Whether `user` holds a session on a gateway now (an unexpired lease).
+    pub fn is_online(&self, user: UserId, now_ms: i64) -> bool {
+        let online = self.online.lock().expect("presence lock");
+        online.is_online(user, now_ms)
+    }
+
     /// How many of `users` the processor sees online now.
     pub fn online_among(&self, users: &[UserId]) -> usize {
         let now = now_ms();
@@ -135,7 +141,13 @@ pub fn spawn(
         let health = readiness.reader("fanout-presence", "fanout_presence", stall_after);
         let (settings, status, caught_up) = (settings.clone(), status.clone(), caught_up.clone());
         supervisor.spawn_thread("fanout-presence", move |stop| {
-            run_presence(&settings, &stop, health, status, caught_up)
+            run_presence(
+                &settings,
+                (&stop, health),
+                ("fanout-presence", "fanout_presence"),
+                status,
+                caught_up,
+            )
         });
     }
     {
@@ -225,18 +237,21 @@ pub fn run_with(
     supervisor.wait_blocking()
 }
 
-fn run_presence(
+/// A reader of all of chat.presence, from the beginning, into `status`'s presence table
+/// (named `name`, its metrics `metric`); `caught_up` once it has read what the topic
+/// held at start. Fanout's, and the notifications processor's.
+pub(crate) fn run_presence(
     settings: &Settings,
-    stop: &CancellationToken,
-    health: Arc<ReaderHealth>,
+    (stop, health): (&CancellationToken, Arc<ReaderHealth>),
+    (name, metric): (&str, &'static str),
     status: Arc<Status>,
     caught_up: Arc<AtomicBool>,
 ) -> anyhow::Result<()> {
     let cfg = &settings.fanout;
     let thread = settings.reader_thread(health)?;
     let spec = ReaderSpec {
-        name: "fanout-presence".into(),
-        metric: "fanout_presence",
+        name: name.into(),
+        metric,
         topic: cfg.presence_topic.clone(),
         source: Source::Assigned {
             partition: None,
@@ -248,7 +263,8 @@ fn run_presence(
         commit_every: settings.readers.commit_interval(),
         settings: settings.readers.clone(),
     };
-    let Some(reader) = retry_until(stop, &settings.readers, "fanout-presence: starting", || {
+    let starting = format!("{name}: starting");
+    let Some(reader) = retry_until(stop, &settings.readers, &starting, || {
         let table = PresenceTable {
             status: status.clone(),
             ends: HashMap::new(),

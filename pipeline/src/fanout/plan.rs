@@ -7,11 +7,11 @@ use std::sync::Arc;
 
 use chatpipe_schemas::delivery::{
     Delivery, DELIVERY_UPDATED, MENTION, MESSAGE_DELETED, MESSAGE_EDITED, MESSAGE_NEW,
-    REACTION_ADDED, REACTION_REMOVED, READ_UPDATED,
+    REACTION_ADDED, REACTION_REMOVED, READ_UPDATED, THREAD_READ,
 };
 use chatpipe_schemas::{
     ChatEvent, ConversationId, DeliveryUpdated, MessageDeleted, MessageEdited, MessageNew,
-    Reaction, ReadUpdated, UserId,
+    Reaction, ReadUpdated, ThreadRead, UserId,
 };
 
 pub use super::coalesce::Coalescer;
@@ -93,6 +93,7 @@ pub fn template(kind: &str, conversation: ConversationId, occurred_at: i64) -> D
         reaction_count: None,
         mentions: Vec::new(),
         thread_root_seq: None,
+        following: None,
     }
 }
 
@@ -143,6 +144,7 @@ pub fn event(
         ChatEvent::ReadUpdated(e) => read_updated(e, members, online, now),
         ChatEvent::MessageEdited(e) => message_edited(e, members, online, now, light_threshold),
         ChatEvent::MessageDeleted(e) => message_deleted(e, members, online, now, light_threshold),
+        ChatEvent::ThreadRead(e) => thread_read(e, members, online, now),
         ChatEvent::ReactionAdded(e) | ChatEvent::ReactionRemoved(e) => {
             let kind = if matches!(event, ChatEvent::ReactionAdded(_)) {
                 REACTION_ADDED
@@ -262,6 +264,30 @@ pub fn read_updated(
 /// coalesced [`Coalescer`] push instead.
 pub fn read_updated_to_reader(e: &ReadUpdated, online: &Online, now_ms: i64) -> Vec<Routed> {
     route(by_gateway([&e.user_id], online, now_ms), &read_template(e))
+}
+
+/// thread.read to the reader's own devices (a member's place in a thread is theirs).
+pub fn thread_read(
+    e: &ThreadRead,
+    members: &HashSet<UserId>,
+    online: &Online,
+    now_ms: i64,
+) -> Vec<Routed> {
+    if !members.contains(&e.user_id) {
+        return Vec::new();
+    }
+    let delivery = Delivery {
+        user_id: Some(e.user_id),
+        thread_root_seq: Some(e.root_seq),
+        last_read_seq: Some(e.last_read_seq),
+        following: Some(e.following),
+        ..template(
+            THREAD_READ,
+            e.conversation_id,
+            e.occurred_at.timestamp_micros(),
+        )
+    };
+    route(by_gateway([&e.user_id], online, now_ms), &delivery)
 }
 
 fn read_template(e: &ReadUpdated) -> Delivery {
