@@ -192,6 +192,8 @@ pub const READER_PREFIXES: &[&str] = &[
     "gateway_deliveries",
     "audit",
     "archive",
+    "notifications",
+    "notifications_presence",
 ];
 
 /// The metrics of a reader with metric prefix `prefix` (see `chatpipe_runtime::reader`).

@@ -344,7 +344,7 @@ pub fn to_value(event: &ChatEvent) -> Value {
             record(vec![
                 ("userId", long(e.user_id)),
                 ("rootSeq", long(e.root_seq)),
-                ("lastReadSeq", long(e.last_read_seq)),
+                ("lastReadReplySeq", long(e.last_read_seq)),
                 ("following", Value::Boolean(e.following)),
             ]),
         ),
@@ -686,7 +686,7 @@ pub fn from_value(value: Value) -> Result<ChatEvent, CodecError> {
             conversation_id,
             user_id: p.id("userId")?,
             root_seq: p.id("rootSeq")?,
-            last_read_seq: p.id("lastReadSeq")?,
+            last_read_seq: p.id("lastReadReplySeq")?,
             following: p.boolean("following")?,
             occurred_at,
         }),

@@ -34,7 +34,10 @@ pub struct NotificationCodec(Framed);
 
 impl NotificationCodec {
     pub fn new(schema_id: u32) -> Self {
-        Self(Framed::new(crate::contract::NOTIFICATIONS.schema, schema_id))
+        Self(Framed::new(
+            crate::contract::NOTIFICATIONS.schema,
+            schema_id,
+        ))
     }
 
     pub fn encode(&self, n: &Notification) -> Vec<u8> {

@@ -265,7 +265,7 @@ async fn thread_mention_and_unread_counts_stay_exact_under_a_scripted_mix() {
             let root = *roots.choose(&mut rng).unwrap();
             let s = rng.random_range(root..=top + 5);
             thread_reads.push((user, root, s));
-            thread_reads.push((user, root, s / 2 + root / 2));
+            thread_reads.push((user, root, (s + root) / 2));
             let c = rng.random_range(1..=top);
             conversation_reads.extend([(user, c), (user, c / 2 + 1)]);
             if rng.random_bool(0.3) {

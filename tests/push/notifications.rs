@@ -23,10 +23,11 @@ fn told(records: &[(String, Notification)]) -> BTreeMap<i64, Vec<(String, i64, i
     let mut by_user: BTreeMap<i64, Vec<(String, i64, i64)>> = BTreeMap::new();
     for (key, n) in records {
         assert_eq!(key, &n.user_id.to_string(), "keyed by user id");
-        by_user
-            .entry(n.user_id.get())
-            .or_default()
-            .push((n.kind.clone(), n.count, n.last_seq.get()));
+        by_user.entry(n.user_id.get()).or_default().push((
+            n.kind.clone(),
+            n.count,
+            n.last_seq.get(),
+        ));
     }
     by_user
 }
@@ -83,15 +84,26 @@ async fn offline_members_are_told_by_their_level_once_per_window_and_never_of_a_
     let records = p
         .notifications_until(DEADLINE, |r| told(r).contains_key(&erin))
         .await;
-    let burst = &records.iter().find(|(_, n)| n.user_id.get() == erin).unwrap().1;
+    let burst = &records
+        .iter()
+        .find(|(_, n)| n.user_id.get() == erin)
+        .unwrap()
+        .1;
     assert_eq!((burst.count, burst.last_seq.get()), (50, last), "{burst:?}");
     assert_eq!((burst.first_seq.get(), burst.kind.as_str()), (1, MESSAGE));
     assert_eq!(burst.sender_id.get(), alice);
-    assert_eq!(burst.preview.as_deref(), Some("burst 49"), "8 characters at most");
+    assert_eq!(
+        burst.preview.as_deref(),
+        Some("burst 49"),
+        "8 characters at most"
+    );
 
     // A mention of bob, and a message deleted before its window closes.
-    let mention = send(alice, json!({"clientMsgId": uuid::Uuid::new_v4(),
-                                     "body": "@bob look", "mentions": [bob]}))
+    let mention = send(
+        alice,
+        json!({"clientMsgId": uuid::Uuid::new_v4(),
+                                     "body": "@bob look", "mentions": [bob]}),
+    )
     .await;
     let oops = send(alice, text("oops")).await;
     p.app
@@ -99,8 +111,10 @@ async fn offline_members_are_told_by_their_level_once_per_window_and_never_of_a_
         .delete(&format!("/conversations/{conv}/messages/{oops}"))
         .await
         .expect(204);
-    p.notifications_until(DEADLINE, |r| told(r).get(&bob).is_some_and(|b| !b.is_empty()))
-        .await;
+    p.notifications_until(DEADLINE, |r| {
+        told(r).get(&bob).is_some_and(|b| !b.is_empty())
+    })
+    .await;
 
     // A reply in bob's thread: bob is told, as a reply.
     let root = send(bob, text("my question")).await;
@@ -109,8 +123,10 @@ async fn offline_members_are_told_by_their_level_once_per_window_and_never_of_a_
         json!({"clientMsgId": uuid::Uuid::new_v4(), "body": "an answer", "threadRootSeq": root}),
     )
     .await;
-    p.notifications_until(DEADLINE, |r| told(r).get(&bob).is_some_and(|b| b.len() == 2))
-        .await;
+    p.notifications_until(DEADLINE, |r| {
+        told(r).get(&bob).is_some_and(|b| b.len() == 2)
+    })
+    .await;
     // Every record up to the topic's end: exactly these.
     let all = told(&p.notifications_all(DEADLINE).await);
     let expected: BTreeMap<i64, Vec<(String, i64, i64)>> = BTreeMap::from([
@@ -127,7 +143,10 @@ async fn offline_members_are_told_by_their_level_once_per_window_and_never_of_a_
             vec![(MENTION.into(), 1, mention), (REPLY.into(), 1, reply)],
         ),
     ]);
-    assert_eq!(all, expected, "who was told what (carol: none; dave: online; frank: muted)");
+    assert_eq!(
+        all, expected,
+        "who was told what (carol: none; dave: online; frank: muted)"
+    );
     drop(notifier);
     gw.stop().await.unwrap();
     p.cleanup().await;
@@ -152,7 +171,9 @@ async fn push_service() -> (String, Received) {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_owned()))
             .collect();
-        r.lock().unwrap().push((format!("/{kind}/{id}"), headers, body.to_vec()));
+        r.lock()
+            .unwrap()
+            .push((format!("/{kind}/{id}"), headers, body.to_vec()));
         if kind == "gone" {
             StatusCode::GONE
         } else {
@@ -170,7 +191,9 @@ async fn push_service() -> (String, Received) {
 
 fn python() -> String {
     std::env::var("CHATPIPE_PYTHON").unwrap_or_else(|_| {
-        panic!("CHATPIPE_PYTHON is not set: run the suite with scripts/test, which installs pywebpush")
+        panic!(
+            "CHATPIPE_PYTHON is not set: run the suite with scripts/test, which installs pywebpush"
+        )
     })
 }
 
@@ -182,7 +205,11 @@ fn subscriber(args: &[&str]) -> String {
         .args(args)
         .output()
         .expect("running webpush_subscriber.py");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).unwrap()
 }
 
@@ -213,7 +240,10 @@ async fn the_web_push_example_turns_each_record_into_a_push_the_browser_decrypts
     std::fs::write(&subs_file, subscriptions.to_string()).unwrap();
     let group = format!("{}-webpush", p.ns);
     let sender = tokio::process::Command::new(python())
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/examples/notifications_to_webpush.py"))
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../docs/examples/notifications_to_webpush.py"
+        ))
         .args(["--brokers", &chatpipe_tests::stream::brokers()])
         .args(["--registry", &chatpipe_tests::registry_url()])
         .args(["--topic", &p.notifications_topic(), "--group", &group])
@@ -241,7 +271,11 @@ async fn the_web_push_example_turns_each_record_into_a_push_the_browser_decrypts
         .expect("the example handles one record within the deadline")
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let line: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     assert_eq!(
         line,
@@ -250,10 +284,17 @@ async fn the_web_push_example_turns_each_record_into_a_push_the_browser_decrypts
 
     let received = received.lock().unwrap().clone();
     let paths: Vec<&str> = received.iter().map(|(p, _, _)| p.as_str()).collect();
-    assert_eq!(paths, vec!["/push/erin-phone", "/gone/erin-old-laptop"], "one request each");
+    assert_eq!(
+        paths,
+        vec!["/push/erin-phone", "/gone/erin-old-laptop"],
+        "one request each"
+    );
     let (_, headers, body) = &received[0];
     assert_eq!(headers["content-encoding"], "aes128gcm");
-    assert!(headers["authorization"].starts_with("vapid t="), "{headers:?}");
+    assert!(
+        headers["authorization"].starts_with("vapid t="),
+        "{headers:?}"
+    );
     assert!(headers.contains_key("ttl"), "{headers:?}");
     assert_eq!(headers["topic"], format!("c{conv}"));
     let body_file = dir.join("body");

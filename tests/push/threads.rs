@@ -78,6 +78,11 @@ async fn a_replys_frame_names_its_root_full_and_light() {
     );
     // A marker after it: Carol's socket has had everything about `large` by then.
     let marker = p.app.user(alice).send_message(large, "marker").await;
-    let (_, before) = carol_ws.until(PUSH_DEADLINE, is_message(large, marker)).await;
-    assert!(!before.iter().any(thread_read), "carol got bob's thread read: {before:?}");
+    let (_, before) = carol_ws
+        .until(PUSH_DEADLINE, is_message(large, marker))
+        .await;
+    assert!(
+        !before.iter().any(thread_read),
+        "carol got bob's thread read: {before:?}"
+    );
 }

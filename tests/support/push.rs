@@ -15,8 +15,8 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 use crate::stream::{brokers, Pipeline};
-use chatpipe_schemas::notification::Notification;
 use crate::{registry_url, JWT_SECRET};
+use chatpipe_schemas::notification::Notification;
 
 /// Partitions of `<ns>.chat.deliveries`: gateways in one test use distinct ones.
 pub const DELIVERY_PARTITIONS: i32 = 2;
@@ -65,19 +65,7 @@ impl Pipeline {
     /// Runs a notifications processor in this process until the handle is dropped (a
     /// [`FanoutProcessor`] handle: its status is the processor's presence table).
     pub fn start_notifications(&self, settings: pipeline::settings::Settings) -> FanoutProcessor {
-        chatpipe_core::telemetry::init_logging();
-        let stop = chatpipe_runtime::CancellationToken::new();
-        let status = Arc::new(pipeline::fanout::Status::default());
-        let readiness = chatpipe_runtime::Readiness::default();
-        let (flag, st, r) = (stop.clone(), status.clone(), readiness.clone());
-        let thread =
-            std::thread::spawn(move || pipeline::notify::run_with(&settings, flag, st, &r));
-        FanoutProcessor {
-            stop,
-            status,
-            readiness,
-            thread: Some(thread),
-        }
+        FanoutProcessor::start(settings, pipeline::notify::run_with)
     }
 
     /// Every record on this namespace's notifications topic up to its end offsets as
@@ -99,10 +87,11 @@ impl Pipeline {
             .collect();
         let mut seen: std::collections::HashMap<i32, i64> = Default::default();
         self.read_notifications(deadline, |_, at| {
-                if let Some((p, o)) = at {
-                    seen.insert(p, o + 1);
-                }
-            ends.iter().all(|(p, end)| seen.get(p).copied().unwrap_or(0) >= *end)
+            if let Some((p, o)) = at {
+                seen.insert(p, o + 1);
+            }
+            ends.iter()
+                .all(|(p, end)| seen.get(p).copied().unwrap_or(0) >= *end)
         })
         .await
     }
@@ -168,19 +157,7 @@ impl Pipeline {
 
     /// Runs a fanout processor in this process until the handle is dropped.
     pub fn start_fanout(&self, settings: pipeline::settings::Settings) -> FanoutProcessor {
-        chatpipe_core::telemetry::init_logging();
-        let stop = chatpipe_runtime::CancellationToken::new();
-        let status = Arc::new(pipeline::fanout::Status::default());
-        let readiness = chatpipe_runtime::Readiness::default();
-        let (flag, st, r) = (stop.clone(), status.clone(), readiness.clone());
-        let thread =
-            std::thread::spawn(move || pipeline::fanout::run_with(&settings, flag, st, &r));
-        FanoutProcessor {
-            stop,
-            status,
-            readiness,
-            thread: Some(thread),
-        }
+        FanoutProcessor::start(settings, pipeline::fanout::run_with)
     }
 
     /// Settings for gateway `id` reading `partition` of this namespace's deliveries, with
@@ -309,7 +286,31 @@ pub struct FanoutProcessor {
     thread: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
 }
 
+/// How a processor with a presence table runs: `fanout::run_with`, `notify::run_with`.
+type RunWith = fn(
+    &pipeline::settings::Settings,
+    chatpipe_runtime::CancellationToken,
+    Arc<pipeline::fanout::Status>,
+    &chatpipe_runtime::Readiness,
+) -> anyhow::Result<()>;
+
 impl FanoutProcessor {
+    /// Runs `run` with `settings` on a thread of its own until the handle is dropped.
+    fn start(settings: pipeline::settings::Settings, run: RunWith) -> Self {
+        chatpipe_core::telemetry::init_logging();
+        let stop = chatpipe_runtime::CancellationToken::new();
+        let status = Arc::new(pipeline::fanout::Status::default());
+        let readiness = chatpipe_runtime::Readiness::default();
+        let (flag, st, r) = (stop.clone(), status.clone(), readiness.clone());
+        let thread = std::thread::spawn(move || run(&settings, flag, st, &r));
+        Self {
+            stop,
+            status,
+            readiness,
+            thread: Some(thread),
+        }
+    }
+
     /// Waits until the processor's presence table shows every one of `users` online
     /// (their gateway published it, and the processor read it).
     pub async fn wait_online(&self, users: &[i64], deadline: Duration) {

@@ -293,6 +293,23 @@ pub(crate) fn run_presence(
     reader.run(stop)
 }
 
+/// Waits until the presence table has read what chat.presence held at start (the
+/// reader staying healthy meanwhile); `false`: stopped first.
+pub(crate) fn wait_caught_up(
+    thread: &chatpipe_runtime::ReaderThread,
+    stop: &CancellationToken,
+    caught_up: &AtomicBool,
+) -> bool {
+    while !caught_up.load(Ordering::Relaxed) {
+        if stop.is_cancelled() {
+            return false;
+        }
+        thread.health().polled();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
 /// The changelog must have a partition for every partition of chat.events (an entry
 /// lives on the partition of its conversation's events).
 fn check_copartitioned(
@@ -351,12 +368,8 @@ fn run_events(
         return Ok(());
     };
     // Join only with a presence table that has read what chat.presence holds.
-    while !caught_up.load(Ordering::Relaxed) {
-        if stop.is_cancelled() {
-            return Ok(());
-        }
-        thread.health().polled();
-        std::thread::sleep(Duration::from_millis(20));
+    if !wait_caught_up(&thread, stop, &caught_up) {
+        return Ok(());
     }
     let unacked = Arc::new(Unacked::default());
     let changelog_writes = Arc::new(ChangelogWrites::default());

@@ -22,7 +22,7 @@
 
 pub mod window;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -163,8 +163,7 @@ impl Notifier {
         for recipient in recipients {
             let user = UserId::new(recipient.user_id)?;
             if self.presence.is_online(user, now_ms) {
-                metrics::counter!("notifications_skipped_total", "reason" => "online")
-                    .increment(1);
+                metrics::counter!("notifications_skipped_total", "reason" => "online").increment(1);
                 continue;
             }
             let n = recipient.notification(conversation)?;
@@ -255,8 +254,13 @@ pub fn spawn(
     let caught_up = Arc::new(AtomicBool::new(false));
     let stall_after = settings.readers.stall_after();
     {
-        let health = readiness.reader("notifications-presence", "notifications_presence", stall_after);
-        let (settings, presence, caught_up) = (settings.clone(), presence.clone(), caught_up.clone());
+        let health = readiness.reader(
+            "notifications-presence",
+            "notifications_presence",
+            stall_after,
+        );
+        let (settings, presence, caught_up) =
+            (settings.clone(), presence.clone(), caught_up.clone());
         supervisor.spawn_thread("notifications-presence", move |stop| {
             crate::fanout::run_presence(
                 &settings,
@@ -295,12 +299,8 @@ fn run_events(
         return Ok(());
     };
     // Nobody connected is told: only once the presence table has read chat.presence.
-    while !caught_up.load(Ordering::Relaxed) {
-        if stop.is_cancelled() {
-            return Ok(());
-        }
-        thread.health().polled();
-        std::thread::sleep(Duration::from_millis(20));
+    if !crate::fanout::wait_caught_up(&thread, stop, &caught_up) {
+        return Ok(());
     }
     let producer: FutureProducer = settings
         .kafka

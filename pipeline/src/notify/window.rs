@@ -116,7 +116,9 @@ mod tests {
         w.add((0, 11), Some((conv(1), 6)), t0 + Duration::from_millis(900));
         w.add((0, 12), None, t0 + Duration::from_millis(950));
         let collapse = Duration::from_secs(1);
-        assert!(w.due(t0 + Duration::from_millis(999), collapse, 10).is_empty());
+        assert!(w
+            .due(t0 + Duration::from_millis(999), collapse, 10)
+            .is_empty());
         assert_eq!(w.due(t0 + collapse, collapse, 10), vec![conv(1)]);
         assert_eq!(w.get(conv(1)).unwrap().seqs, vec![5, 6]);
     }
@@ -141,7 +143,11 @@ mod tests {
         let t0 = Instant::now();
         let mut w = Windows::default();
         for (i, c) in [7, 3, 9].into_iter().enumerate() {
-            w.add((0, i as i64), Some((conv(c), 1)), t0 + Duration::from_millis(i as u64));
+            w.add(
+                (0, i as i64),
+                Some((conv(c), 1)),
+                t0 + Duration::from_millis(i as u64),
+            );
         }
         let long = Duration::from_secs(60);
         assert_eq!(w.due(t0, long, 1), vec![conv(7), conv(3)]);

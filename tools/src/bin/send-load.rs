@@ -112,7 +112,13 @@ struct Mix {
 
 impl Mix {
     fn of(args: &Args) -> Option<Self> {
-        let every = |f: f64| if f > 0.0 { (1.0 / f).round().max(1.0) as u64 } else { 0 };
+        let every = |f: f64| {
+            if f > 0.0 {
+                (1.0 / f).round().max(1.0) as u64
+            } else {
+                0
+            }
+        };
         (args.replies > 0.0 || args.mentions > 0.0).then(|| Self {
             reply_every: every(args.replies),
             mention_every: every(args.mentions),
