@@ -1,6 +1,7 @@
-//! PostgreSQL restarted (fast) while a receipts window is open: the flush fails, is held
-//! and retried, the processor stays up and applies every receipt. ingest-api's pool and
-//! Debezium reconnect by themselves.
+//! PostgreSQL restarted (fast) while a receipts window, or a notifications window, is
+//! open: the flush fails, is held and retried, the processor stays up and applies every
+//! receipt (writes every notification once). ingest-api's pool and Debezium reconnect by
+//! themselves.
 
 use std::time::{Duration, Instant};
 
@@ -90,6 +91,53 @@ async fn a_fast_postgresql_restart_during_a_receipts_window_loses_no_receipt() {
         restarted.elapsed().as_secs_f64()
     );
     drop(receipts);
+    p.cleanup().await;
+}
+
+/// PostgreSQL restarted (fast) while a notifications window is open: the window's
+/// statement fails, the window is held and retried, the processor stays up, and the
+/// offline member gets exactly one record for the window's messages.
+#[tokio::test]
+async fn a_fast_postgresql_restart_during_a_notifications_window_loses_no_notification() {
+    let _turn = one_fault_at_a_time().await;
+    let p = chatpipe_tests::stream::spawn_pipeline().await;
+    let mut settings = p.notification_settings();
+    // A window long enough to restart PostgreSQL inside it.
+    settings.notifications.collapse_ms = 3_000;
+    let notifier = p.start_notifications(settings);
+    let (alice, erin) = (1, 2);
+    let conversation = p.app.user(alice).create_group(&[erin]).await;
+    let mut last = 0;
+    for i in 0..3 {
+        last = p
+            .app
+            .user(alice)
+            .send_message(conversation, &format!("m{i}"))
+            .await;
+    }
+    // The window opens once the processor reads the first message from chat.events.
+    p.consume_until(Duration::from_secs(60), |rs| {
+        messages(rs).contains(&(conversation, last))
+    })
+    .await;
+    stack(&["restart", "postgres"]).await;
+    let restarted = Instant::now();
+    let records = p
+        .notifications_until(Duration::from_secs(60), |r| !r.is_empty())
+        .await;
+    eprintln!(
+        "the window's record written {:.1} s after PostgreSQL was back",
+        restarted.elapsed().as_secs_f64()
+    );
+    let told: Vec<(i64, i64, i64)> = records
+        .iter()
+        .map(|(_, n)| (n.user_id.get(), n.count, n.last_seq.get()))
+        .collect();
+    assert_eq!(told, vec![(erin, 3, last)]);
+    assert!(notifier.is_running(), "the notifications processor stayed up");
+    let all = p.notifications_all(Duration::from_secs(30)).await;
+    assert_eq!(all.len(), 1, "one record, not one per retry: {all:?}");
+    drop(notifier);
     p.cleanup().await;
 }
 

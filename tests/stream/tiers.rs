@@ -207,6 +207,20 @@ async fn history_pages_the_same_across_the_tiers_and_archived_messages_change_as
     }
     let m = moved(&p, &conversations).await;
     assert!(conversations.iter().all(|c| m[c] == (MOVED, 0)), "{m:?}");
+    // Threads page the same across the tiers: roots with an archived reply (1, 7), a
+    // deleted root without one (55), roots with a hot reply (61, 91).
+    for &c in &conversations[..3] {
+        for root in [1, 7, 55, 61, 91] {
+            let replies: Vec<&Value> = before[&c]
+                .iter()
+                .filter(|m| m["threadRootSeq"] == root)
+                .collect();
+            let path = format!("/conversations/{c}/messages?threadRootSeq={root}&afterSeq=0&limit=50");
+            let page = p.app.user(1).get(&path).await.expect(200);
+            let shown: Vec<&Value> = page["messages"].as_array().unwrap().iter().collect();
+            assert_eq!(shown, replies, "thread {root} of conversation {c}");
+        }
+    }
 
     // Bob synced before any of it was sent, longer ago than the hot window: changes he
     // has not seen are archived, so his cursor is stale. From the start, he gets every
@@ -238,6 +252,35 @@ async fn history_pages_the_same_across_the_tiers_and_archived_messages_change_as
         .await
         .expect(200);
     assert_eq!(again["conversations"], json!([]), "{again}");
+
+    // A reply to an archived root (checked in Cassandra): its thread pages the archived
+    // reply and the new one; a reply to an archived reply is refused as a hot one is.
+    let c = conversations[0];
+    let reply = |root: i64| {
+        let app = &p.app;
+        async move {
+            app.user(2)
+                .post(
+                    &format!("/conversations/{c}/messages"),
+                    json!({"clientMsgId": uuid::Uuid::new_v4(), "body": "late", "threadRootSeq": root}),
+                )
+                .await
+        }
+    };
+    let late = reply(7).await.expect(201)["seq"].as_i64().unwrap();
+    let thread = |query: &'static str| {
+        let app = &p.app;
+        async move {
+            let path = format!("/conversations/{c}/messages?threadRootSeq=7&{query}");
+            let page = app.user(1).get(&path).await.expect(200);
+            (seqs(page["messages"].as_array().unwrap()), page["hasMore"] == true)
+        }
+    };
+    assert_eq!(thread("limit=1").await, (vec![late], true));
+    assert_eq!(thread("beforeSeq=100&limit=5").await, (vec![8], false));
+    assert_eq!(thread("afterSeq=0&limit=50").await, (vec![8, late], false));
+    let refused = reply(8).await.problem(422);
+    assert_eq!(refused["field"], "threadRootSeq", "{refused}");
 
     archived_messages_change_as_hot_ones(&p, conversations[0], &before[&conversations[0]]).await;
     drop_keyspace(&cql, &p.ns).await;

@@ -44,6 +44,7 @@ pub struct Cold {
     select_range: PreparedStatement,
     select_newest: PreparedStatement,
     select_oldest: PreparedStatement,
+    select_seqs: PreparedStatement,
 }
 
 /// Whether [`Cold::open`] makes the schema (the archiver) or expects it (readers: the
@@ -125,6 +126,12 @@ impl Cold {
         let select_range = select("").await?;
         let select_newest = select("ORDER BY seq DESC LIMIT ?").await?;
         let select_oldest = select("ORDER BY seq ASC LIMIT ?").await?;
+        let select_seqs = session
+            .prepare(format!(
+                "SELECT {COLUMNS} FROM {ks}.message
+                  WHERE conversation_id = ? AND bucket = ? AND seq IN ?"
+            ))
+            .await?;
         Ok(Self {
             session,
             settings: settings.clone(),
@@ -134,6 +141,7 @@ impl Cold {
             select_range,
             select_newest,
             select_oldest,
+            select_seqs,
         })
     }
 
@@ -250,6 +258,31 @@ impl Cold {
 }
 
 impl Cold {
+    /// The archived rows of `conversation` with these seqs (those it has), ascending:
+    /// one query per bucket they fall in.
+    pub async fn seqs(&self, conversation: i64, seqs: &[i64]) -> anyhow::Result<Vec<ColdRow>> {
+        let mut by_bucket: std::collections::BTreeMap<i64, Vec<i64>> = Default::default();
+        for &seq in seqs {
+            by_bucket
+                .entry(self.settings.bucket(seq))
+                .or_default()
+                .push(seq);
+        }
+        let mut rows = Vec::new();
+        for (bucket, seqs) in by_bucket {
+            let result = self
+                .session
+                .execute_unpaged(&self.select_seqs, (conversation, bucket, seqs))
+                .await?
+                .into_rows_result()?;
+            for row in result.rows::<ColdRow>()? {
+                rows.push(row?);
+            }
+        }
+        rows.sort_by_key(|r| r.0);
+        Ok(rows)
+    }
+
     /// At most `limit` archived rows of `conversation` with `from <= seq <= to`, from the
     /// `start` end of the range: one query per bucket, newest or oldest bucket first,
     /// until `limit` rows are found.

@@ -263,9 +263,10 @@ pub async fn attach(
     Ok(())
 }
 
-/// A page of thread `root`'s replies (PostgreSQL's: see docs/api.md, "Threads", for
-/// replies moved to the cold tier), in ascending seq order, with their reactions and
-/// mentions.
+/// A page of thread `root`'s replies, in ascending seq order, with their reactions and
+/// mentions. PostgreSQL's replies come from `message_reply_idx`; those the retention
+/// step moved to the cold tier are named by `archived_reply` and read from Cassandra by
+/// seq (a row an edit or delete brought back wins over Cassandra's copy, as in history).
 pub async fn page(
     db: &Store,
     conversation: ConversationId,
@@ -280,16 +281,29 @@ pub async fn page(
         Page::Before(seq) => ("seq < $3 ORDER BY seq DESC", seq, false),
         Page::After(seq) => ("seq > $3 ORDER BY seq ASC", seq, true),
     };
-    let mut messages: Vec<HistoryMessage> = sqlx::query_as(&format!(
+    let keys = (conversation.get(), root.get(), bound, limit + 1);
+    let hot: Vec<HistoryMessage> = sqlx::query_as(&format!(
         "SELECT {MESSAGE_COLUMNS} FROM message
           WHERE conversation_id = $1 AND thread_root_seq = $2 AND {range} LIMIT $4"
     ))
-    .bind(conversation.get())
-    .bind(root.get())
-    .bind(bound)
-    .bind(limit + 1)
+    .bind(keys.0)
+    .bind(keys.1)
+    .bind(keys.2)
+    .bind(keys.3)
     .fetch_all(&db.pool)
     .await?;
+    let archived: Vec<i64> = sqlx::query_scalar(&format!(
+        "SELECT seq FROM archived_reply
+          WHERE conversation_id = $1 AND root_seq = $2 AND {range} LIMIT $4"
+    ))
+    .bind(keys.0)
+    .bind(keys.1)
+    .bind(keys.2)
+    .bind(keys.3)
+    .fetch_all(&db.pool)
+    .await?;
+    let want = (limit + 1) as usize;
+    let mut messages = with_archived(db, conversation, (hot, archived), (ascending, want)).await?;
     let has_more = messages.len() as i64 > limit;
     messages.truncate(limit as usize);
     if !ascending {
@@ -303,6 +317,74 @@ pub async fn page(
         has_more,
         last_seq,
     })
+}
+
+/// The first `want` replies, in the page's direction, of PostgreSQL's `hot` and the
+/// `archived` seqs; the archived ones read from PostgreSQL if an edit or delete brought
+/// them back, else from Cassandra.
+async fn with_archived(
+    db: &Store,
+    conversation: ConversationId,
+    (hot, archived): (Vec<HistoryMessage>, Vec<i64>),
+    (ascending, want): (bool, usize),
+) -> Result<Vec<HistoryMessage>, StoreError> {
+    let mut by_seq: std::collections::BTreeMap<i64, Option<HistoryMessage>> =
+        hot.into_iter().map(|m| (m.seq, Some(m))).collect();
+    for seq in archived {
+        by_seq.entry(seq).or_insert(None);
+    }
+    let mut page: Vec<(i64, Option<HistoryMessage>)> = if ascending {
+        by_seq.into_iter().take(want).collect()
+    } else {
+        by_seq.into_iter().rev().take(want).collect()
+    };
+    let missing: Vec<i64> = page
+        .iter()
+        .filter(|(_, m)| m.is_none())
+        .map(|(s, _)| *s)
+        .collect();
+    if !missing.is_empty() {
+        let back: Vec<HistoryMessage> = sqlx::query_as(&format!(
+            "SELECT {MESSAGE_COLUMNS} FROM message WHERE conversation_id = $1 AND seq = ANY($2)"
+        ))
+        .bind(conversation.get())
+        .bind(&missing)
+        .fetch_all(&db.pool)
+        .await?;
+        let mut found: HashMap<i64, HistoryMessage> =
+            back.into_iter().map(|m| (m.seq, m)).collect();
+        let cold: Vec<i64> = missing
+            .iter()
+            .copied()
+            .filter(|s| !found.contains_key(s))
+            .collect();
+        if !cold.is_empty() {
+            let rows = db
+                .cold
+                .get()
+                .await
+                .map_err(StoreError::ColdUnavailable)?
+                .seqs(conversation.get(), &cold)
+                .await
+                .map_err(StoreError::ColdUnavailable)?;
+            metrics::counter!("history_cold_pages_total").increment(1);
+            found.extend(
+                rows.into_iter()
+                    .filter_map(super::history::cold_message)
+                    .map(|m| (m.seq, m)),
+            );
+        }
+        for (seq, slot) in page.iter_mut() {
+            if slot.is_none() {
+                *slot = Some(found.remove(seq).ok_or_else(|| {
+                    StoreError::corrupt(format!(
+                        "archived reply {seq} of conversation {conversation} is in no tier"
+                    ))
+                })?);
+            }
+        }
+    }
+    Ok(page.into_iter().filter_map(|(_, m)| m).collect())
 }
 
 /// A member's place in a thread after a read, follow or unfollow.

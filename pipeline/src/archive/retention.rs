@@ -177,8 +177,18 @@ const ROWS_SQL: &str = "SELECT seq, sender_id, client_msg_id, body, created_at, 
             changed_xid::text AS changed_xid
        FROM message WHERE conversation_id = $1 AND seq <= $2 ORDER BY seq LIMIT $4";
 
-const DELETE_SQL: &str = "DELETE FROM message WHERE conversation_id = $1
-        AND (seq, changed_xid::text) IN (SELECT * FROM unnest($2::BIGINT[], $3::TEXT[]))";
+/// Deletes the rows `$2` (at their changed_xid `$3`), keeping which of them were replies
+/// of which thread (`archived_reply`: thread pages find their archived replies there);
+/// answers how many rows it deleted.
+const DELETE_SQL: &str = "WITH gone AS (
+        DELETE FROM message WHERE conversation_id = $1
+           AND (seq, changed_xid::text) IN (SELECT * FROM unnest($2::BIGINT[], $3::TEXT[]))
+        RETURNING conversation_id, seq, thread_root_seq),
+     replies AS (
+        INSERT INTO archived_reply (conversation_id, root_seq, seq)
+        SELECT conversation_id, thread_root_seq, seq FROM gone WHERE thread_root_seq IS NOT NULL
+        ON CONFLICT DO NOTHING)
+     SELECT count(*) FROM gone";
 
 /// Also records the newest change moved out (`$4`, a changed_xid), for `/sync`.
 const MOVE_SQL: &str = "UPDATE message_archive SET cold_through = $2, next_due_at = $3,
@@ -291,13 +301,13 @@ async fn sweep(
             .increment(sweep.differs as u64);
     }
     let (seqs, xids): (Vec<i64>, Vec<String>) = sweep.delete.iter().cloned().unzip();
-    let deleted = sqlx::query(DELETE_SQL)
+    let deleted: i64 = sqlx::query_scalar(DELETE_SQL)
         .bind(conversation)
         .bind(&seqs)
         .bind(&xids)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected() as usize;
+        .fetch_one(&mut *tx)
+        .await?;
+    let deleted = deleted as usize;
     if deleted != seqs.len() {
         // A row changed since it was compared: nothing of this sweep happens.
         metrics::counter!("archive_retention_kept_total", "reason" => "changed")
