@@ -134,7 +134,10 @@ async fn a_fast_postgresql_restart_during_a_notifications_window_loses_no_notifi
         .map(|(_, n)| (n.user_id.get(), n.count, n.last_seq.get()))
         .collect();
     assert_eq!(told, vec![(erin, 3, last)]);
-    assert!(notifier.is_running(), "the notifications processor stayed up");
+    assert!(
+        notifier.is_running(),
+        "the notifications processor stayed up"
+    );
     let all = p.notifications_all(Duration::from_secs(30)).await;
     assert_eq!(all.len(), 1, "one record, not one per retry: {all:?}");
     drop(notifier);

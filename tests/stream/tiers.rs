@@ -215,7 +215,8 @@ async fn history_pages_the_same_across_the_tiers_and_archived_messages_change_as
                 .iter()
                 .filter(|m| m["threadRootSeq"] == root)
                 .collect();
-            let path = format!("/conversations/{c}/messages?threadRootSeq={root}&afterSeq=0&limit=50");
+            let path =
+                format!("/conversations/{c}/messages?threadRootSeq={root}&afterSeq=0&limit=50");
             let page = p.app.user(1).get(&path).await.expect(200);
             let shown: Vec<&Value> = page["messages"].as_array().unwrap().iter().collect();
             assert_eq!(shown, replies, "thread {root} of conversation {c}");
@@ -273,7 +274,10 @@ async fn history_pages_the_same_across_the_tiers_and_archived_messages_change_as
         async move {
             let path = format!("/conversations/{c}/messages?threadRootSeq=7&{query}");
             let page = app.user(1).get(&path).await.expect(200);
-            (seqs(page["messages"].as_array().unwrap()), page["hasMore"] == true)
+            (
+                seqs(page["messages"].as_array().unwrap()),
+                page["hasMore"] == true,
+            )
         }
     };
     assert_eq!(thread("limit=1").await, (vec![late], true));
