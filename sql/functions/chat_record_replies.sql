@@ -53,8 +53,12 @@ BEGIN
     INSERT INTO thread_follow (conversation_id, root_seq, user_id, last_read_seq, following)
     SELECT x.c, x.r, g.sender_id, 0, true
       FROM unnest(v_conv, v_root) AS x(c, r)
-      JOIN message g ON g.conversation_id = x.c AND g.seq = x.r
-      JOIN conversation_member m ON m.conversation_id = x.c AND m.user_id = g.sender_id
+      CROSS JOIN LATERAL (
+            SELECT g.sender_id FROM message g
+             WHERE g.conversation_id = x.c AND g.seq = x.r
+             OFFSET 0) g
+     WHERE EXISTS (SELECT 1 FROM conversation_member m
+                    WHERE m.conversation_id = x.c AND m.user_id = g.sender_id)
     ON CONFLICT DO NOTHING;
 
     PERFORM chat_thread_unread_apply(b_conv, b_user, b_n, v_conv, v_root);
