@@ -100,7 +100,9 @@ impl From<SendError> for ApiError {
                 ApiError::conflict("client-msg-id-reused", err.to_string())
             }
             SendError::BadThreadRoot { .. } => ApiError::invalid("threadRootSeq", err.to_string()),
-            SendError::Busy { .. } | SendError::Database(_) => {
+            // RootArchived: the send route looks the root up and sends again; reaching
+            // here is a send that could not be finished.
+            SendError::Busy { .. } | SendError::Database(_) | SendError::RootArchived { .. } => {
                 ApiError::SendUnavailable(err.to_string())
             }
         }

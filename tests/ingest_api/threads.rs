@@ -498,6 +498,19 @@ async fn a_reply_to_a_reply_a_deleted_root_or_another_conversations_seq_is_refus
             answer.body
         );
     }
+    // A retry of a reply whose root was deleted since is a replay of what was written,
+    // not a refusal: the root is checked for new messages only.
+    let retried = json!({"clientMsgId": Uuid::new_v4(), "body": "kept", "threadRootSeq": root});
+    let first = app.user(bob).post(&path, retried.clone()).await;
+    assert_eq!(first.status, 201, "{}", first.body);
+    app.user(alice)
+        .delete(&format!("/conversations/{conv}/messages/{root}"))
+        .await
+        .expect(204);
+    let again = app.user(bob).post(&path, retried).await;
+    assert_eq!(again.status, 200, "{}", again.body);
+    assert_eq!(again.body["seq"], first.body["seq"]);
+    assert_eq!(again.body["threadRootSeq"], json!(root));
 }
 
 #[tokio::test]

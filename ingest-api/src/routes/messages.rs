@@ -14,7 +14,7 @@ use crate::store::history::Page;
 use crate::store::mentions;
 use crate::store::messages as store;
 use crate::store::reactions::{self, Change};
-use crate::store::send::{Outgoing, SendOutcome};
+use crate::store::send::{Outgoing, SendError, SendOutcome};
 use crate::store::threads;
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -69,46 +69,38 @@ pub async fn send(
         (req.mentions, req.mention_all),
     )
     .await?;
-    let thread_root = match req.thread_root_seq {
-        None => None,
-        Some(root) => Some(thread_root(&state, (conversation, sender), root).await?),
-    };
-    let message = Outgoing {
+    let thread_root = req
+        .thread_root_seq
+        .map(|root| crate::domain::seq("threadRootSeq", root))
+        .transpose()?;
+    let mut message = Outgoing {
         body: &body,
         mentions,
         thread_root,
+        root_found_in_cold: false,
     };
-    Ok(
+    let sent = loop {
         match state
             .sends
-            .send(conversation, sender, req.client_msg_id, message)
-            .await?
+            .send(conversation, sender, req.client_msg_id, message.clone())
+            .await
         {
-            SendOutcome::Created(sent) => (StatusCode::CREATED, axum::Json(sent)),
-            SendOutcome::Replayed(sent) => (StatusCode::OK, axum::Json(sent)),
-        },
-    )
-}
-
-/// A reply's root as the send names it: a positive seq, and, if it has left PostgreSQL
-/// for the cold tier, a top-level message not deleted there (the send's batch checks a
-/// root PostgreSQL holds, under the conversation's lock).
-async fn thread_root(
-    state: &AppState,
-    (conversation, sender): (ConversationId, chatpipe_core::UserId),
-    root: i64,
-) -> Result<Seq, ApiError> {
-    let seq = crate::domain::seq("threadRootSeq", root)?;
-    // A stranger learns nothing of what the conversation holds: 404 first.
-    let store = &state.store;
-    store
-        .members
-        .require(&store.pool, conversation, sender)
-        .await?;
-    match threads::check_archived_root(&state.store, conversation, seq).await? {
-        None => Ok(seq),
-        Some(bad) => Err(ApiError::invalid("threadRootSeq", bad.detail(root))),
-    }
+            // The root has left PostgreSQL: as the cold tier has it, then once more.
+            Err(SendError::RootArchived { root }) if !message.root_found_in_cold => {
+                let seq = crate::domain::seq("threadRootSeq", root)?;
+                if let Some(bad) = threads::check_cold_root(&state.store, conversation, seq).await?
+                {
+                    return Err(ApiError::invalid("threadRootSeq", bad.detail(root)));
+                }
+                message.root_found_in_cold = true;
+            }
+            other => break other?,
+        }
+    };
+    Ok(match sent {
+        SendOutcome::Created(sent) => (StatusCode::CREATED, axum::Json(sent)),
+        SendOutcome::Replayed(sent) => (StatusCode::OK, axum::Json(sent)),
+    })
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]

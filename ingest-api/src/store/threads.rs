@@ -43,91 +43,21 @@ impl BadRoot {
     }
 }
 
-/// What PostgreSQL says of a would-be root: `Ok(Some(problem))`, `Ok(None)` for a root
-/// it holds and that is fine, `Err(())` for one it no longer holds (archived: asked of
-/// the cold tier by [`check_archived_root`]).
-type RootStatus = Result<Option<BadRoot>, ()>;
-
-const ROOTS_SQL: &str = "SELECT r.c, r.s,
-        CASE WHEN g.seq IS NULL AND r.s <= coalesce(a.cold_through, 0) THEN 'archived'
-             WHEN g.seq IS NULL THEN 'unknown'
-             WHEN g.thread_root_seq IS NOT NULL THEN 'reply'
-             WHEN g.deleted_at IS NOT NULL THEN 'deleted'
-             ELSE 'ok' END
-   FROM unnest($1::bigint[], $2::bigint[]) AS r(c, s)
-   LEFT JOIN message g ON g.conversation_id = r.c AND g.seq = r.s
-   LEFT JOIN message_archive a ON a.conversation_id = r.c";
-
-/// The status of each (conversation, root) of `roots`.
-async fn root_statuses(
-    conn: &mut PgConnection,
-    roots: &[(i64, i64)],
-) -> Result<HashMap<(i64, i64), RootStatus>, sqlx::Error> {
-    let (conversations, seqs): (Vec<i64>, Vec<i64>) = roots.iter().copied().unzip();
-    let rows: Vec<(i64, i64, String)> = sqlx::query_as(ROOTS_SQL)
-        .bind(&conversations)
-        .bind(&seqs)
-        .fetch_all(conn)
-        .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(c, s, status)| {
-            let status = match status.as_str() {
-                "archived" => Err(()),
-                "unknown" => Ok(Some(BadRoot::Unknown)),
-                "reply" => Ok(Some(BadRoot::Reply)),
-                "deleted" => Ok(Some(BadRoot::Deleted)),
-                _ => Ok(None),
-            };
-            ((c, s), status)
-        })
-        .collect())
-}
-
-/// The problem of each root of a send batch (`None`: fine, or no root), checked under
-/// the batch's delete locks. A root PostgreSQL no longer holds was checked in the cold
-/// tier before the send queued ([`check_archived_root`]); an archived message that is
-/// deleted since comes back to PostgreSQL first (store/archived.rs), so it is seen here.
-pub(super) async fn check_roots(
-    conn: &mut PgConnection,
-    roots: &[Option<(i64, i64)>],
-) -> Result<Vec<Option<BadRoot>>, sqlx::Error> {
-    let wanted: Vec<(i64, i64)> = roots.iter().flatten().copied().collect();
-    if wanted.is_empty() {
-        return Ok(vec![None; roots.len()]);
-    }
-    let statuses = root_statuses(conn, &wanted).await?;
-    Ok(roots
-        .iter()
-        .map(|root| {
-            root.and_then(|key| match statuses.get(&key) {
-                Some(Ok(problem)) => *problem,
-                Some(Err(())) => None,
-                None => Some(BadRoot::Unknown),
-            })
-        })
-        .collect())
-}
-
-/// Before a reply queues: a root that has left PostgreSQL for the cold tier is read
-/// there. `Ok(None)` also for a root PostgreSQL holds (the batch checks it under lock).
-pub async fn check_archived_root(
+/// A root the send found moved to the cold tier ([`super::send::SendError::RootArchived`]),
+/// as Cassandra has it: `None` for a top-level message not deleted. A deleted archived
+/// message comes back to PostgreSQL first (store/archived.rs), and the send then sees
+/// it there.
+pub async fn check_cold_root(
     db: &Store,
     conversation: ConversationId,
     root: Seq,
 ) -> Result<Option<BadRoot>, StoreError> {
-    let mut conn = db.pool.acquire().await?;
-    let key = (conversation.get(), root.get());
-    let statuses = root_statuses(&mut conn, &[key]).await?;
-    if statuses.get(&key) != Some(&Err(())) {
-        return Ok(None);
-    }
     let rows = db
         .cold
         .get()
         .await
         .map_err(StoreError::ColdUnavailable)?
-        .range(key.0, key.1, key.1)
+        .range(conversation.get(), root.get(), root.get())
         .await
         .map_err(StoreError::ColdUnavailable)?;
     Ok(match rows.into_iter().next() {
@@ -136,42 +66,6 @@ pub async fn check_archived_root(
         Some(row) if row.6.is_some() => Some(BadRoot::Deleted),
         Some(_) => None,
     })
-}
-
-/// One reply just committed in this transaction.
-pub struct Replied {
-    pub conversation: ConversationId,
-    pub seq: i64,
-    pub root: i64,
-    pub sender: UserId,
-    pub created_at: DateTime<Utc>,
-}
-
-/// Records replies just committed (under the delete locks and the send's row locks):
-/// their threads' summaries, the follows of their senders and roots' authors, and the
-/// followers' unread thread counts (`chat_record_replies`).
-pub(super) async fn record(
-    conn: &mut PgConnection,
-    replies: &[Replied],
-) -> Result<(), sqlx::Error> {
-    if replies.is_empty() {
-        return Ok(());
-    }
-    let conversations: Vec<i64> = replies.iter().map(|r| r.conversation.get()).collect();
-    let seqs: Vec<i64> = replies.iter().map(|r| r.seq).collect();
-    let roots: Vec<i64> = replies.iter().map(|r| r.root).collect();
-    let senders: Vec<i64> = replies.iter().map(|r| r.sender.get()).collect();
-    let times: Vec<DateTime<Utc>> = replies.iter().map(|r| r.created_at).collect();
-    sqlx::query("SELECT chat_record_replies($1, $2, $3, $4, $5)")
-        .bind(&conversations)
-        .bind(&seqs)
-        .bind(&roots)
-        .bind(&senders)
-        .bind(&times)
-        .execute(conn)
-        .await?;
-    metrics::counter!("thread_replies_total").increment(replies.len() as u64);
-    Ok(())
 }
 
 /// A reply just erased in this transaction (under the delete lock exclusive).

@@ -41,10 +41,14 @@ use crate::domain::MessageBody;
 
 /// What a sender sends: the body, the members it names (ascending, validated by the
 /// route) and, for a reply, its thread's root.
+#[derive(Clone)]
 pub struct Outgoing<'a> {
     pub body: &'a MessageBody,
     pub mentions: Vec<UserId>,
     pub thread_root: Option<Seq>,
+    /// The root has left PostgreSQL and was found in the cold tier, a top-level message
+    /// not deleted there (after the send answered [`SendError::RootArchived`]).
+    pub root_found_in_cold: bool,
 }
 
 /// A message committed, as the sender learns it.
@@ -87,6 +91,10 @@ pub enum SendError {
         root: i64,
         problem: super::threads::BadRoot,
     },
+    /// `threadRootSeq` names a message that has left PostgreSQL for the cold tier: the
+    /// caller looks it up there and sends again (`Outgoing::root_found_in_cold`).
+    #[error("thread root {root} is in the cold tier")]
+    RootArchived { root: i64 },
     /// The statement of this send's batch failed: nothing of the batch was written.
     #[error("the send's batch failed: {0}")]
     Database(Arc<sqlx::Error>),
@@ -101,6 +109,7 @@ struct Pending {
     mentions: Vec<UserId>,
     /// A reply: its thread's root (checked by the batch, under the delete lock).
     thread_root: Option<Seq>,
+    root_found_in_cold: bool,
     created_at: DateTime<Utc>,
     reply: oneshot::Sender<Result<SendOutcome, SendError>>,
 }
@@ -186,6 +195,7 @@ impl SendQueue {
             body: message.body.as_str().to_owned(),
             mentions: message.mentions,
             thread_root: message.thread_root,
+            root_found_in_cold: message.root_found_in_cold,
             created_at: now(),
             reply,
         };

@@ -1,7 +1,7 @@
-//! A batch's statement: `chat_send_many` (migrations/; sql/functions/), one statement in
-//! one implicit transaction, or, for a batch that names members or holds replies, the
-//! same inside a transaction with the mentions' ([`super::super::mentions`]) and the
-//! threads' ([`super::super::threads`]); and each sender's answer from its row.
+//! A batch's statement: `chat_send_many` (migrations/; sql/functions/), or, for a batch
+//! that names members or holds replies, `chat_send_annotated`, which wraps it with the
+//! roots' check and the mentions' and threads' bookkeeping; each one statement in one
+//! implicit transaction; and each sender's answer from its row.
 
 use std::sync::Arc;
 
@@ -11,8 +11,8 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::{Pending, SendError, SendOutcome, SentMessage};
-use crate::store::threads::{self, BadRoot};
-use crate::store::{mentions, Outbox};
+use crate::store::threads::BadRoot;
+use crate::store::Outbox;
 
 /// One row of `chat_send_many`'s answer.
 #[derive(sqlx::FromRow)]
@@ -23,20 +23,6 @@ pub(super) struct Row {
 }
 
 impl Row {
-    /// The row of a reply whose root the batch refused.
-    fn refused(problem: BadRoot) -> Self {
-        let outcome = match problem {
-            BadRoot::Unknown => "root_unknown",
-            BadRoot::Reply => "root_reply",
-            BadRoot::Deleted => "root_deleted",
-        };
-        Self {
-            outcome: outcome.into(),
-            seq: None,
-            created_at: None,
-        }
-    }
-
     pub(super) fn answer(self, p: &Pending) -> Result<SendOutcome, SendError> {
         let sent = |seq: Option<i64>, created_at: Option<DateTime<Utc>>| SentMessage {
             conversation_id: p.conversation.get(),
@@ -70,6 +56,9 @@ impl Row {
                     _ => BadRoot::Deleted,
                 },
             }),
+            "root_archived" => Err(SendError::RootArchived {
+                root: p.thread_root.map_or(0, |r| r.get()),
+            }),
             "blocked" => Err(SendError::Blocked),
             other => Err(SendError::Database(Arc::new(sqlx::Error::Protocol(
                 format!("chat_send_many answered an unknown outcome {other:?}"),
@@ -78,96 +67,23 @@ impl Row {
     }
 }
 
-/// The rows of `batch`: [`chat_send_many`] alone, or, for a batch of which a message
-/// names members or replies in a thread, in a transaction that takes the conversations'
-/// delete locks first (the order deletes take them in), checks the replies' roots (a
-/// reply to no root gets its problem as its row and is not sent), and records the
-/// mentions and the replies after the send. A batch of neither stays one statement.
+/// The rows of `batch`: `chat_send_many`, or, for a batch of which a message names
+/// members or replies in a thread, `chat_send_annotated`, which takes the conversations'
+/// delete locks first, checks the replies' roots (a reply to no root gets its problem as
+/// its row and is not sent), sends the others with `chat_send_many` and records their
+/// mentions and replies. Either way one statement: one round trip, one implicit
+/// transaction, one row per message in batch order.
 pub(super) async fn write_rows(
     db: &mut PgConnection,
     outbox: &Outbox,
     batch: &[Pending],
 ) -> Result<Vec<Row>, sqlx::Error> {
-    use sqlx::Connection;
-    let locking: Vec<i64> = batch
-        .iter()
-        .filter(|p| !p.mentions.is_empty() || p.thread_root.is_some())
-        .map(|p| p.conversation.get())
-        .collect();
-    if locking.is_empty() {
-        let all: Vec<&Pending> = batch.iter().collect();
-        return chat_send_many(db, outbox, &all).await;
-    }
-    let mut tx = db.begin().await?;
-    mentions::lock(&mut tx, &locking).await?;
-    let roots: Vec<Option<(i64, i64)>> = batch
-        .iter()
-        .map(|p| p.thread_root.map(|r| (p.conversation.get(), r.get())))
-        .collect();
-    let problems = threads::check_roots(&mut tx, &roots).await?;
-    let sendable: Vec<&Pending> = batch
-        .iter()
-        .zip(&problems)
-        .filter(|(_, problem)| problem.is_none())
-        .map(|(p, _)| p)
-        .collect();
-    let mut sent = chat_send_many(&mut tx, outbox, &sendable)
-        .await?
-        .into_iter();
-    let rows: Vec<Row> = problems
-        .iter()
-        .map(|problem| match problem {
-            None => sent.next().expect("a row per message sent"),
-            Some(problem) => Row::refused(*problem),
-        })
-        .collect();
-    let created = || {
-        batch
-            .iter()
-            .zip(&rows)
-            .filter(|(_, row)| row.outcome == "created")
-            .filter_map(|(p, row)| Some((p, row.seq?, row.created_at?)))
-    };
-    let named: Vec<mentions::Sent<'_>> = created()
-        .filter(|(p, _, _)| !p.mentions.is_empty())
-        .map(|(p, seq, created_at)| mentions::Sent {
-            conversation: p.conversation,
-            seq,
-            sender: p.sender,
-            created_at,
-            mentions: &p.mentions,
-        })
-        .collect();
-    mentions::record(&mut tx, &named).await?;
-    let replies: Vec<threads::Replied> = created()
-        .filter_map(|(p, seq, created_at)| {
-            Some(threads::Replied {
-                conversation: p.conversation,
-                seq,
-                root: p.thread_root?.get(),
-                sender: p.sender,
-                created_at,
-            })
-        })
-        .collect();
-    threads::record(&mut tx, &replies).await?;
-    tx.commit().await?;
-    if !named.is_empty() {
-        metrics::counter!("send_batches_with_mentions_total").increment(1);
-    }
-    Ok(rows)
-}
-
-/// `SELECT * FROM chat_send_many(...)` for `batch`: one round trip, one row per message
-/// in batch order.
-async fn chat_send_many(
-    db: &mut PgConnection,
-    outbox: &Outbox,
-    batch: &[&Pending],
-) -> Result<Vec<Row>, sqlx::Error> {
     if batch.is_empty() {
         return Ok(Vec::new());
     }
+    let annotated = batch
+        .iter()
+        .any(|p| !p.mentions.is_empty() || p.thread_root.is_some());
     let codec = outbox.codec();
     let (mut heads, mut tails) = (Vec::new(), Vec::new());
     for p in batch {
@@ -195,10 +111,13 @@ async fn chat_send_many(
         .iter()
         .map(|p| p.thread_root.map(|r| r.get()))
         .collect();
-    sqlx::query_as(
+    let query = sqlx::query_as(if annotated {
         "SELECT outcome, seq, created_at
-           FROM chat_send_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-    )
+           FROM chat_send_annotated($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
+    } else {
+        "SELECT outcome, seq, created_at
+           FROM chat_send_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
+    })
     .bind(&conversations)
     .bind(&senders)
     .bind(&client_ids)
@@ -209,7 +128,38 @@ async fn chat_send_many(
     .bind(&tails)
     .bind(AGGREGATE_TYPE)
     .bind(outbox.deletes_after_write())
-    .bind(&roots)
-    .fetch_all(db)
-    .await
+    .bind(&roots);
+    if !annotated {
+        return query.fetch_all(db).await;
+    }
+    let cold_roots: Vec<bool> = batch.iter().map(|p| p.root_found_in_cold).collect();
+    let (mut mention_at, mut mention_users) = (Vec::new(), Vec::new());
+    for (i, p) in batch.iter().enumerate() {
+        for user in &p.mentions {
+            mention_at.push(i as i32 + 1);
+            mention_users.push(user.get());
+        }
+    }
+    let rows: Vec<Row> = query
+        .bind(&cold_roots)
+        .bind(&mention_at)
+        .bind(&mention_users)
+        .fetch_all(db)
+        .await?;
+    let created = |wanted: fn(&Pending) -> bool| {
+        batch
+            .iter()
+            .zip(&rows)
+            .filter(|(p, row)| row.outcome == "created" && wanted(p))
+            .count() as u64
+    };
+    let (named, replies) = (
+        created(|p| !p.mentions.is_empty()),
+        created(|p| p.thread_root.is_some()),
+    );
+    if named > 0 {
+        metrics::counter!("send_batches_with_mentions_total").increment(1);
+    }
+    metrics::counter!("thread_replies_total").increment(replies);
+    Ok(rows)
 }
