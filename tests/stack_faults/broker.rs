@@ -127,9 +127,11 @@ async fn broker_fault(fault: Fault) {
     let p = spawn_pipeline_with(ReadMode::Stream).await;
     let receipts = p.start_receipts(p.receipts_settings());
     let fanout = p.start_fanout(p.fanout_settings());
+    let notifier = p.start_notifications(p.notification_settings());
     let gw = p.start_gateway(p.gateway_settings("gw", 0)).await;
-    let (alice, bob) = (1, 2);
-    let conversation = p.app.user(alice).create_group(&[bob]).await;
+    // Carol never connects: the notifications processor tells her.
+    let (alice, bob, carol) = (1, 2, 3);
+    let conversation = p.app.user(alice).create_group(&[bob, carol]).await;
     let mut bob_ws: Collector = p.connect(&gw.url, bob).await.collect();
     fanout.wait_online(&[bob], Duration::from_secs(20)).await;
     let first = p.app.user(alice).send_message(conversation, "before").await;
@@ -315,6 +317,15 @@ async fn broker_fault(fault: Fault) {
     })
     .await;
     let cdc_back = returned.elapsed();
+    // Notifications: carol, offline, is told of the newest message.
+    let newest = *sent.last().expect("messages were sent");
+    p.notifications_until(left(), |records| {
+        records
+            .iter()
+            .any(|(_, n)| n.user_id.get() == carol && n.last_seq.get() == newest)
+    })
+    .await;
+    let notified_back = returned.elapsed();
     // Receipts: a read accepted now is flushed (the producer and the processor resumed).
     let until = returned + recovery;
     loop {
@@ -347,7 +358,7 @@ async fn broker_fault(fault: Fault) {
     // The messages sent during the stall are older than fanout.max_age_ms (60 s) by the
     // time they stream: not pushed; clients catch up over REST (afterSeq).
     assert!(
-        receipts.is_running() && fanout.is_running(),
+        receipts.is_running() && fanout.is_running() && notifier.is_running(),
         "nothing was restarted"
     );
     // Ready again once the broker answers.
@@ -364,6 +375,7 @@ async fn broker_fault(fault: Fault) {
         ("push", push_back),
         ("resync frame", resync_back),
         ("every message on chat.events", cdc_back),
+        ("offline member notified", notified_back),
         ("read flushed", receipts_back),
         ("gateway ready", ready_back),
     ];

@@ -199,3 +199,107 @@ async fn read(p: &chatpipe_tests::stream::Pipeline, user: i64, conversation: i64
         .await
         .expect(202);
 }
+
+/// The notifications processor through a registry outage: it meets chat.events' schema
+/// id for the first time while the registry is down, holds its position and says so
+/// (stalled), dead-letters nothing and writes nothing; once the registry is back the
+/// offline member gets exactly one record for the messages sent during the outage.
+#[tokio::test]
+async fn a_registry_outage_holds_the_notifications_processor_and_loses_no_notification() {
+    let _turn = one_fault_at_a_time().await;
+    let p = chatpipe_tests::stream::spawn_pipeline().await;
+    let mut settings = p.notification_settings();
+    settings.readers.stall_after_ms = 5_000;
+    let notifier = p.start_notifications(settings);
+    // Running: its schema fetched, its presence table caught up, its partitions held.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !notifier
+        .readiness
+        .report()
+        .iter()
+        .any(|r| r.reader == "notifications" && !r.partitions.is_empty())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the notifications reader never held its partitions: {:?}",
+            notifier.readiness.report()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let _restart = StartOnPanic::new("registry");
+    stack(&["down", "registry"]).await;
+    let outage = Instant::now();
+    let (alice, erin) = (1, 2);
+    let conversation = p.app.user(alice).create_group(&[erin]).await;
+    let mut last = 0;
+    for i in 0..3 {
+        last = p
+            .app
+            .user(alice)
+            .send_message(conversation, &format!("m{i}"))
+            .await;
+    }
+    let until = Instant::now() + OUTAGE;
+    loop {
+        let stalled: Vec<_> = notifier
+            .readiness
+            .report()
+            .into_iter()
+            .filter(|r| r.reader == "notifications" && r.stalled)
+            .collect();
+        if let Some(report) = stalled.first() {
+            eprintln!("during the outage: {:?}", report.reason);
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the notifications reader never reported a stall"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        records_in(&p.notifications_topic()),
+        0,
+        "nothing is told while the events cannot be read"
+    );
+    // The outage lasts 30 s; nothing to poll for.
+    tokio::time::sleep(OUTAGE.saturating_sub(outage.elapsed())).await;
+    stack(&["start", "registry"]).await;
+    let back = Instant::now();
+
+    let records = p
+        .notifications_until(Duration::from_secs(60), |r| !r.is_empty())
+        .await;
+    eprintln!(
+        "the record written {:.1} s after the registry was back",
+        back.elapsed().as_secs_f64()
+    );
+    let told: Vec<(i64, i64, i64)> = records
+        .iter()
+        .map(|(_, n)| (n.user_id.get(), n.count, n.last_seq.get()))
+        .collect();
+    assert_eq!(told, vec![(erin, 3, last)]);
+    let all = p.notifications_all(Duration::from_secs(30)).await;
+    assert_eq!(all.len(), 1, "one record: {all:?}");
+    assert_eq!(
+        records_in(&format!("{}.dlq", p.topic)),
+        0,
+        "nothing dead-lettered"
+    );
+    assert!(
+        notifier.is_running(),
+        "the notifications processor stayed up"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !notifier.readiness.ready() {
+        assert!(
+            Instant::now() < deadline,
+            "still stalled 30 s after the registry returned: {:?}",
+            notifier.readiness.report()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(notifier);
+    p.cleanup().await;
+}

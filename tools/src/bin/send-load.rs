@@ -125,8 +125,9 @@ impl Mix {
         })
     }
 
-    /// The body of sender `me`'s `n`-th send (from 0) to a conversation where its first
-    /// message is `root`, if any; `other` is another member.
+    /// The body of a sender's send number `n` (from 0, offset by the sender's index) to
+    /// a conversation where its first message is `root`, if any; `other` is another
+    /// member.
     fn body(&self, n: u64, root: Option<i64>, other: i64) -> serde_json::Value {
         let mut body = json!({"clientMsgId": uuid::Uuid::new_v4(), "body": BODY});
         let nth = |every: u64| every > 0 && n % every == every - 1;
@@ -497,7 +498,9 @@ async fn run_phase(
                 i += step;
                 let mine = seqs.get(&conv);
                 let (n, root) = (mine.map_or(0, Vec::len) as u64, mine.map(|s| s[0]));
-                let body = mix.body(n, root, other);
+                // Offset by the sender, so that the senders, who fall into step in a
+                // hot conversation, do not all reply in the same batch.
+                let body = mix.body(n + w as u64, root, other);
                 let t = Instant::now();
                 let res = http
                     .post(format!("{base}/conversations/{conv}/messages"))
