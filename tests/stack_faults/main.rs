@@ -23,6 +23,25 @@ fn connect_pid() -> i32 {
 
 pub use chatpipe_tests::stream::messages;
 
+/// Waits for the namespace's first notification record and checks it is the only one:
+/// `user` told of `count` messages up to seq `last` (one record for the window, not one
+/// per retry).
+pub(crate) async fn told_once(
+    p: &chatpipe_tests::stream::Pipeline,
+    (user, count, last): (i64, i64, i64),
+) {
+    let records = p
+        .notifications_until(Duration::from_secs(60), |r| !r.is_empty())
+        .await;
+    let told: Vec<(i64, i64, i64)> = records
+        .iter()
+        .map(|(_, n)| (n.user_id.get(), n.count, n.last_seq.get()))
+        .collect();
+    assert_eq!(told, vec![(user, count, last)]);
+    let all = p.notifications_all(Duration::from_secs(30)).await;
+    assert_eq!(all.len(), 1, "one record, not one per retry: {all:?}");
+}
+
 #[tokio::test]
 async fn kafka_connect_killed_with_sigkill_mid_stream_loses_no_event() {
     let _turn = one_fault_at_a_time().await;
