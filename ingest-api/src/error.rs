@@ -79,6 +79,7 @@ impl From<StoreError> for ApiError {
             StoreError::Forbidden { detail } => ApiError::Forbidden { detail },
             StoreError::Conflict { code, detail } => ApiError::Conflict { code, detail },
             StoreError::Blocked { detail } => ApiError::Blocked { detail },
+            StoreError::BadParameter { field, detail } => ApiError::bad_parameter(field, detail),
             StoreError::ColdUnavailable(err) => {
                 metrics::counter!("cold_unavailable_total").increment(1);
                 ApiError::ColdUnavailable(format!("{err:#}"))

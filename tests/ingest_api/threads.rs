@@ -511,6 +511,32 @@ async fn a_reply_to_a_reply_a_deleted_root_or_another_conversations_seq_is_refus
     assert_eq!(again.status, 200, "{}", again.body);
     assert_eq!(again.body["seq"], first.body["seq"]);
     assert_eq!(again.body["threadRootSeq"], json!(root));
+    // A thread page names a root too: a reply, or a seq the conversation has not reached,
+    // is 400 naming threadRootSeq; the thread of a deleted root still pages its replies.
+    for bad in [reply, last_seq + 100] {
+        let problem = app
+            .user(bob)
+            .get(&format!("{path}?threadRootSeq={bad}"))
+            .await
+            .problem(400);
+        assert_eq!(problem["field"], "threadRootSeq", "{problem}");
+    }
+    let page = app
+        .user(bob)
+        .get(&format!("{path}?threadRootSeq={root}&afterSeq=0"))
+        .await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    let seqs: Vec<i64> = page.body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["seq"].as_i64().unwrap())
+        .collect();
+    assert!(seqs.contains(&reply), "{seqs:?}");
+    assert!(
+        seqs.contains(&first.body["seq"].as_i64().unwrap()),
+        "{seqs:?}"
+    );
 }
 
 #[tokio::test]

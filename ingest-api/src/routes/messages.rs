@@ -110,7 +110,8 @@ pub struct HistoryQuery {
     before_seq: Option<i64>,
     after_seq: Option<i64>,
     limit: Option<i64>,
-    /// A thread's replies instead of the conversation's messages: the root's seq.
+    /// A thread's replies instead of the conversation's messages: the root's seq (a
+    /// reply, or a seq past the conversation's end: 400 naming it).
     thread_root_seq: Option<i64>,
 }
 

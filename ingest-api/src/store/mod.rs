@@ -48,6 +48,9 @@ pub enum StoreError {
     /// The change contradicts what is stored (a rule or a limit).
     #[error("{detail}")]
     Conflict { code: &'static str, detail: String },
+    /// A query parameter names what cannot be (400 naming it).
+    #[error("{detail}")]
+    BadParameter { field: &'static str, detail: String },
     /// A block stands between the caller and a user this would reach ([`blocks`]).
     #[error("{detail}")]
     Blocked { detail: String },

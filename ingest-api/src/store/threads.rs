@@ -170,6 +170,26 @@ pub async fn page(
     limit: i64,
 ) -> Result<HistoryPage, StoreError> {
     let last_seq = super::as_member(db, conversation, reader).await?.last_seq;
+    // A reply, or a seq the conversation has not reached, roots no thread. A seq that
+    // has left PostgreSQL is taken as asked (its replies, if any, are the page).
+    let is_reply: Option<bool> = sqlx::query_scalar(
+        "SELECT thread_root_seq IS NOT NULL FROM message WHERE conversation_id = $1 AND seq = $2",
+    )
+    .bind(conversation.get())
+    .bind(root.get())
+    .fetch_optional(&db.pool)
+    .await?;
+    let problem = match is_reply {
+        Some(true) => Some(BadRoot::Reply),
+        None if root.get() > last_seq => Some(BadRoot::Unknown),
+        _ => None,
+    };
+    if let Some(problem) = problem {
+        return Err(StoreError::BadParameter {
+            field: "threadRootSeq",
+            detail: problem.detail(root.get()),
+        });
+    }
     let (range, bound, ascending) = match page {
         Page::Newest => ("seq < $3 ORDER BY seq DESC", i64::MAX, false),
         Page::Before(seq) => ("seq < $3 ORDER BY seq DESC", seq, false),
