@@ -23,6 +23,24 @@ fn connect_pid() -> i32 {
 
 pub use chatpipe_tests::stream::messages;
 
+/// A group of `alice` and `erin` with three messages of alice's ("m0" to "m2"): the
+/// conversation and the last seq.
+pub(crate) async fn three_messages(
+    p: &chatpipe_tests::stream::Pipeline,
+    (alice, erin): (i64, i64),
+) -> (i64, i64) {
+    let conversation = p.app.user(alice).create_group(&[erin]).await;
+    let mut last = 0;
+    for i in 0..3 {
+        last = p
+            .app
+            .user(alice)
+            .send_message(conversation, &format!("m{i}"))
+            .await;
+    }
+    (conversation, last)
+}
+
 /// Waits for the namespace's first notification record and checks it is the only one:
 /// `user` told of `count` messages up to seq `last` (one record for the window, not one
 /// per retry).

@@ -9,7 +9,7 @@ use chatpipe_tests::stream::spawn_pipeline_with;
 use ingest_api::configuration::ReadMode;
 use serde_json::json;
 
-use crate::{messages, one_fault_at_a_time, stack, told_once};
+use crate::{messages, one_fault_at_a_time, stack, three_messages, told_once};
 
 #[tokio::test]
 async fn a_fast_postgresql_restart_during_a_receipts_window_loses_no_receipt() {
@@ -106,15 +106,7 @@ async fn a_fast_postgresql_restart_during_a_notifications_window_loses_no_notifi
     settings.notifications.collapse_ms = 3_000;
     let notifier = p.start_notifications(settings);
     let (alice, erin) = (1, 2);
-    let conversation = p.app.user(alice).create_group(&[erin]).await;
-    let mut last = 0;
-    for i in 0..3 {
-        last = p
-            .app
-            .user(alice)
-            .send_message(conversation, &format!("m{i}"))
-            .await;
-    }
+    let (conversation, last) = three_messages(&p, (alice, erin)).await;
     // The window opens once the processor reads the first message from chat.events.
     p.consume_until(Duration::from_secs(60), |rs| {
         messages(rs).contains(&(conversation, last))

@@ -13,7 +13,7 @@ use ingest_api::configuration::ReadMode;
 use rdkafka::consumer::Consumer;
 use serde_json::{json, Value};
 
-use crate::{one_fault_at_a_time, stack, told_once, StartOnPanic};
+use crate::{one_fault_at_a_time, stack, three_messages, told_once, StartOnPanic};
 
 const OUTAGE: Duration = Duration::from_secs(30);
 
@@ -231,15 +231,7 @@ async fn a_registry_outage_holds_the_notifications_processor_and_loses_no_notifi
     stack(&["down", "registry"]).await;
     let outage = Instant::now();
     let (alice, erin) = (1, 2);
-    let conversation = p.app.user(alice).create_group(&[erin]).await;
-    let mut last = 0;
-    for i in 0..3 {
-        last = p
-            .app
-            .user(alice)
-            .send_message(conversation, &format!("m{i}"))
-            .await;
-    }
+    let (_, last) = three_messages(&p, (alice, erin)).await;
     let until = Instant::now() + OUTAGE;
     loop {
         let stalled: Vec<_> = notifier

@@ -87,10 +87,10 @@ pub async fn send(
         {
             // The root has left PostgreSQL: as the cold tier has it, then once more.
             Err(SendError::RootArchived { root }) if !message.root_found_in_cold => {
-                let seq = crate::domain::seq("threadRootSeq", root)?;
-                if let Some(bad) = threads::check_cold_root(&state.store, conversation, seq).await?
+                if let Some(bad) =
+                    threads::check_cold_root(&state.store, conversation, root).await?
                 {
-                    return Err(ApiError::invalid("threadRootSeq", bad.detail(root)));
+                    return Err(ApiError::invalid("threadRootSeq", bad.detail(root.get())));
                 }
                 message.root_found_in_cold = true;
             }

@@ -302,7 +302,7 @@ async fn with_archived(
 }
 
 /// A member's place in a thread after a read, follow or unfollow.
-#[derive(Debug, Serialize, utoipa::ToSchema, sqlx::FromRow)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ThreadPosition {
     /// Every reply up to this seq is read; never decreases.
@@ -326,34 +326,8 @@ pub async fn set_position(
 ) -> Result<ThreadPosition, StoreError> {
     db.members.require(&db.pool, conversation, user).await?;
     let mut tx = db.pool.begin().await?;
-    sqlx::query("SELECT pg_advisory_xact_lock_shared($1)")
-        .bind(conversation.get())
-        .execute(&mut *tx)
-        .await?;
-    sqlx::query(
-        "INSERT INTO message_thread (conversation_id, root_seq)
-         SELECT $1, $2 WHERE EXISTS (
-                SELECT 1 FROM message g
-                 WHERE g.conversation_id = $1 AND g.seq = $2
-                   AND g.thread_root_seq IS NULL AND g.deleted_at IS NULL)
-         ON CONFLICT DO NOTHING",
-    )
-    .bind(conversation.get())
-    .bind(root.get())
-    .execute(&mut *tx)
-    .await?;
-    // The member's place before, locked (the function below locks it again).
-    let before: Option<(i64, bool)> = sqlx::query_as(
-        "SELECT last_read_seq, following FROM thread_follow
-          WHERE conversation_id = $1 AND root_seq = $2 AND user_id = $3 FOR UPDATE",
-    )
-    .bind(conversation.get())
-    .bind(root.get())
-    .bind(user.get())
-    .fetch_optional(&mut *tx)
-    .await?;
-    let position: Option<ThreadPosition> = sqlx::query_as(
-        "SELECT last_read_seq, following, unread_threads
+    let row: Option<(i64, bool, i32, bool)> = sqlx::query_as(
+        "SELECT last_read_seq, following, unread_threads, changed
            FROM chat_thread_position($1, $2, $3, $4, $5)",
     )
     .bind(conversation.get())
@@ -363,8 +337,14 @@ pub async fn set_position(
     .bind(following)
     .fetch_optional(&mut *tx)
     .await?;
-    let position = position.ok_or(StoreError::NotFound { what: "thread" })?;
-    if before != Some((position.last_read_seq, position.following)) {
+    let (last_read_seq, following, unread_threads, changed) =
+        row.ok_or(StoreError::NotFound { what: "thread" })?;
+    let position = ThreadPosition {
+        last_read_seq,
+        following,
+        unread_threads,
+    };
+    if changed {
         let event = ChatEvent::ThreadRead(ThreadRead {
             conversation_id: conversation,
             user_id: user,

@@ -94,7 +94,7 @@ pub enum SendError {
     /// `threadRootSeq` names a message that has left PostgreSQL for the cold tier: the
     /// caller looks it up there and sends again (`Outgoing::root_found_in_cold`).
     #[error("thread root {root} is in the cold tier")]
-    RootArchived { root: i64 },
+    RootArchived { root: Seq },
     /// The statement of this send's batch failed: nothing of the batch was written.
     #[error("the send's batch failed: {0}")]
     Database(Arc<sqlx::Error>),

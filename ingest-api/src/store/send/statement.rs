@@ -56,13 +56,12 @@ impl Row {
                     _ => BadRoot::Deleted,
                 },
             }),
-            "root_archived" => Err(SendError::RootArchived {
-                root: p.thread_root.map_or(0, |r| r.get()),
-            }),
+            "root_archived" => match p.thread_root {
+                Some(root) => Err(SendError::RootArchived { root }),
+                None => Err(unexpected("root_archived")),
+            },
             "blocked" => Err(SendError::Blocked),
-            other => Err(SendError::Database(Arc::new(sqlx::Error::Protocol(
-                format!("chat_send_many answered an unknown outcome {other:?}"),
-            )))),
+            other => Err(unexpected(other)),
         }
     }
 }
@@ -162,4 +161,12 @@ pub(super) async fn write_rows(
     }
     metrics::counter!("thread_replies_total").increment(replies);
     Ok(rows)
+}
+
+/// An answer the statement should not give for the message: a protocol error, as a failed
+/// batch.
+fn unexpected(outcome: &str) -> SendError {
+    SendError::Database(Arc::new(sqlx::Error::Protocol(format!(
+        "chat_send_many answered {outcome:?}, not an outcome this message can have"
+    ))))
 }
