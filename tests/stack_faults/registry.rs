@@ -7,6 +7,7 @@ use chatpipe_core::kafka::CreateGuarded;
 use std::time::{Duration, Instant};
 
 use chatpipe_core::kafka::BaseConsumer;
+use chatpipe_runtime::health::ReaderReport;
 use chatpipe_tests::push::Collector;
 use chatpipe_tests::stream::{brokers, spawn_pipeline_with};
 use ingest_api::configuration::ReadMode;
@@ -94,28 +95,15 @@ async fn a_registry_outage_is_waited_out_nothing_dead_lettered_nothing_lost() {
     read(&p, bob, conversation, seqs[7]).await;
 
     // Held, and visible: the readers that need the registry report themselves stalled.
-    let until = Instant::now() + OUTAGE;
-    loop {
-        let stalled: Vec<String> = receipts
-            .readiness
-            .report()
-            .into_iter()
-            .chain(fanout.readiness.report())
-            .filter(|r| r.stalled)
-            .map(|r| format!("{}: {}", r.reader, r.reason.unwrap_or_default()))
-            .collect();
-        if stalled.iter().any(|s| s.starts_with("receipts"))
-            && stalled.iter().any(|s| s.starts_with("fanout-events"))
-        {
-            eprintln!("during the outage: {stalled:?}");
-            break;
-        }
-        assert!(
-            Instant::now() < until,
-            "the held readers never reported a stall: {stalled:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    until_stalled(
+        || {
+            let mut reports = receipts.readiness.report();
+            reports.extend(fanout.readiness.report());
+            reports
+        },
+        &["receipts-", "fanout-events"],
+    )
+    .await;
     let ready = reqwest::get(format!("{}/readyz", gw.admin)).await.unwrap();
     assert_eq!(
         ready.status(),
@@ -232,24 +220,7 @@ async fn a_registry_outage_holds_the_notifications_processor_and_loses_no_notifi
     let outage = Instant::now();
     let (alice, erin) = (1, 2);
     let (_, last) = three_messages(&p, (alice, erin)).await;
-    let until = Instant::now() + OUTAGE;
-    loop {
-        let stalled: Vec<_> = notifier
-            .readiness
-            .report()
-            .into_iter()
-            .filter(|r| r.reader == "notifications" && r.stalled)
-            .collect();
-        if let Some(report) = stalled.first() {
-            eprintln!("during the outage: {:?}", report.reason);
-            break;
-        }
-        assert!(
-            Instant::now() < until,
-            "the notifications reader never reported a stall"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    until_stalled(|| notifier.readiness.report(), &["notifications"]).await;
     assert_eq!(
         records_in(&p.notifications_topic()),
         0,
@@ -285,4 +256,30 @@ async fn a_registry_outage_holds_the_notifications_processor_and_loses_no_notifi
     }
     drop(notifier);
     p.cleanup().await;
+}
+
+/// Polls `reports` until, for each of `readers` (a reader's name, or the start of one
+/// ending in '-'), a reader so named reports itself stalled; fails after [`OUTAGE`].
+async fn until_stalled(reports: impl Fn() -> Vec<ReaderReport>, readers: &[&str]) {
+    let named = |reader: &str, name: &str| {
+        reader == name || (name.ends_with('-') && reader.starts_with(name))
+    };
+    let until = Instant::now() + OUTAGE;
+    loop {
+        let stalled: Vec<ReaderReport> = reports().into_iter().filter(|r| r.stalled).collect();
+        if readers
+            .iter()
+            .all(|name| stalled.iter().any(|r| named(&r.reader, name)))
+        {
+            for r in &stalled {
+                eprintln!("during the outage: {}: {:?}", r.reader, r.reason);
+            }
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "{readers:?} never all reported a stall; stalled: {stalled:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

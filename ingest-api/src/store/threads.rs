@@ -302,7 +302,7 @@ async fn with_archived(
 }
 
 /// A member's place in a thread after a read, follow or unfollow.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Serialize, utoipa::ToSchema, sqlx::FromRow)]
 #[serde(rename_all = "camelCase")]
 pub struct ThreadPosition {
     /// Every reply up to this seq is read; never decreases.
@@ -326,7 +326,13 @@ pub async fn set_position(
 ) -> Result<ThreadPosition, StoreError> {
     db.members.require(&db.pool, conversation, user).await?;
     let mut tx = db.pool.begin().await?;
-    let row: Option<(i64, bool, i32, bool)> = sqlx::query_as(
+    #[derive(sqlx::FromRow)]
+    struct Moved {
+        #[sqlx(flatten)]
+        position: ThreadPosition,
+        changed: bool,
+    }
+    let moved: Option<Moved> = sqlx::query_as(
         "SELECT last_read_seq, following, unread_threads, changed
            FROM chat_thread_position($1, $2, $3, $4, $5)",
     )
@@ -337,13 +343,7 @@ pub async fn set_position(
     .bind(following)
     .fetch_optional(&mut *tx)
     .await?;
-    let (last_read_seq, following, unread_threads, changed) =
-        row.ok_or(StoreError::NotFound { what: "thread" })?;
-    let position = ThreadPosition {
-        last_read_seq,
-        following,
-        unread_threads,
-    };
+    let Moved { position, changed } = moved.ok_or(StoreError::NotFound { what: "thread" })?;
     if changed {
         let event = ChatEvent::ThreadRead(ThreadRead {
             conversation_id: conversation,
