@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use chatpipe_core::kafka::StreamConsumer;
-use chatpipe_schemas::registry::{EventDecoder, Registry};
+use chatpipe_schemas::registry::{DecodeError, EventDecoder, Registry};
 use chatpipe_schemas::ChatEvent;
 use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::Consumer;
@@ -212,6 +212,22 @@ impl Pipeline {
         .await
     }
 
+    /// The record's event. A registry that does not answer (slow or restarting: 5 s
+    /// timeouts were seen on a loaded 2-core machine) is asked again until `until`, as
+    /// the processors do; any other failure fails the test.
+    async fn decode(&self, bytes: &[u8], until: Instant) -> ChatEvent {
+        loop {
+            match self.decoder.decode(bytes).await {
+                Ok(event) => return event,
+                Err(DecodeError::Registry(e)) if e.retriable && Instant::now() < until => {
+                    eprintln!("test consumer: the registry did not answer, asking again: {e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => panic!("the value decodes as a ChatEvent: {e:?}"),
+            }
+        }
+    }
+
     /// Reads records until `done` says so, or fails at the deadline with what it saw.
     pub async fn consume_until(
         &self,
@@ -247,11 +263,7 @@ impl Pipeline {
                 .payload()
                 .expect("chat.events records have values")
                 .to_vec();
-            let event = self
-                .decoder
-                .decode(&bytes)
-                .await
-                .expect("the value decodes as a ChatEvent");
+            let event = self.decode(&bytes, until).await;
             records.push(Record {
                 partition: message.partition(),
                 offset: message.offset(),
