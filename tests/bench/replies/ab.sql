@@ -1,0 +1,88 @@
+-- A batch of sends with replies against a plain one, at the database alone
+-- (scripts/bench-replies; docs/benchmarks.md, "send-load with threads").
+--
+-- One hot GROUP conversation of 32 members, each of whom has sent one message (user u's
+-- is seq u, the root of their thread). Each batch is 16 messages from 16 of the members,
+-- as ingest-api's group commit sends them into a hot conversation; in a batch with
+-- replies every fifth message replies to its sender's thread (3 or 4 a batch), as
+-- send-load --replies 0.2 sends them. The kinds of batch alternate within one session,
+-- each committed on its own, and only the statement and its commit are timed: the host's
+-- drift reaches every kind alike (pgbench runs of 10 s, one kind after another, moved
+-- 15% between runs of the same kind).
+--
+--   plain         chat_send_many, no reply (what a batch without replies or mentions runs)
+--   replies       chat_send_annotated, 3-4 replies (the roots' check, the thread bookkeeping)
+--   wrapped       chat_send_annotated, no reply (the wrapper's own cost)
+--   many_replies  chat_send_many given the roots (replies written, nothing checked or
+--                 recorded: the floor for a batch with replies)
+
+INSERT INTO conversation (id, type, title, created_by, member_count)
+OVERRIDING SYSTEM VALUE VALUES (1, 'GROUP', 'hot', 1, 32);
+INSERT INTO conversation_member (conversation_id, user_id)
+SELECT 1, u FROM generate_series(1, 32) AS u;
+SELECT count(*) AS roots
+  FROM chat_send_many(array_fill(1::BIGINT, ARRAY[32]),
+                      ARRAY(SELECT u::BIGINT FROM generate_series(1, 32) AS u ORDER BY u),
+                      ARRAY(SELECT gen_random_uuid() FROM generate_series(1, 32)),
+                      array_fill('root'::TEXT, ARRAY[32]), array_fill(now(), ARRAY[32]),
+                      ARRAY(SELECT gen_random_uuid() FROM generate_series(1, 32)),
+                      array_fill('\x00'::BYTEA, ARRAY[32]), array_fill('\x00'::BYTEA, ARRAY[32]),
+                      'chat', true, NULL);
+
+-- Runs n batches of each kind, interleaved; answers each kind's mean time per batch
+-- (statement and commit) and its rate as a ratio of the plain batch's.
+CREATE PROCEDURE bench_replies(n INT, INOUT report TEXT DEFAULT NULL)
+LANGUAGE plpgsql AS $$
+DECLARE
+    kinds CONSTANT TEXT[] := ARRAY['plain', 'replies', 'wrapped', 'many_replies'];
+    spent FLOAT8[] := array_fill(0::FLOAT8, ARRAY[4]);
+    started TIMESTAMPTZ;
+    k INT;
+    answered INT;
+    convs BIGINT[] := array_fill(1::BIGINT, ARRAY[16]);
+    bodies TEXT[] := array_fill('hello there, a body of a typical length for chat'::TEXT, ARRAY[16]);
+    heads BYTEA[] := array_fill('\x0102'::BYTEA, ARRAY[16]);
+    tails BYTEA[] := array_fill('\x0304'::BYTEA, ARRAY[16]);
+    cold BOOLEAN[] := array_fill(false, ARRAY[16]);
+    senders BIGINT[];
+    client_ids UUID[];
+    event_ids UUID[];
+    created TIMESTAMPTZ[];
+    roots BIGINT[];
+BEGIN
+    FOR round IN 1..n LOOP
+        FOR kind IN 1..4 LOOP
+            k := (random() * 1000000)::INT;
+            senders := ARRAY(SELECT ((k + i) % 32 + 1)::BIGINT FROM generate_series(1, 16) AS i ORDER BY i);
+            roots := ARRAY(SELECT CASE WHEN (k + i) % 5 = 0 THEN ((k + i) % 32 + 1)::BIGINT END
+                             FROM generate_series(1, 16) AS i ORDER BY i);
+            client_ids := ARRAY(SELECT gen_random_uuid() FROM generate_series(1, 16));
+            event_ids := ARRAY(SELECT gen_random_uuid() FROM generate_series(1, 16));
+            created := array_fill(now(), ARRAY[16]);
+            started := clock_timestamp();
+            IF kind = 1 THEN
+                SELECT count(*) INTO answered FROM chat_send_many(
+                    convs, senders, client_ids, bodies, created, event_ids, heads, tails,
+                    'chat', true, NULL);
+            ELSIF kind = 2 THEN
+                SELECT count(*) INTO answered FROM chat_send_annotated(
+                    convs, senders, client_ids, bodies, created, event_ids, heads, tails,
+                    'chat', true, roots, cold, '{}'::INT[], '{}'::BIGINT[]);
+            ELSIF kind = 3 THEN
+                SELECT count(*) INTO answered FROM chat_send_annotated(
+                    convs, senders, client_ids, bodies, created, event_ids, heads, tails,
+                    'chat', true, NULL, cold, '{}'::INT[], '{}'::BIGINT[]);
+            ELSE
+                SELECT count(*) INTO answered FROM chat_send_many(
+                    convs, senders, client_ids, bodies, created, event_ids, heads, tails,
+                    'chat', true, roots);
+            END IF;
+            COMMIT;
+            spent[kind] := spent[kind] + extract(epoch FROM clock_timestamp() - started);
+        END LOOP;
+    END LOOP;
+    SELECT string_agg(format('%s %s ms (%sx)', kinds[i], round((spent[i] * 1000 / n)::NUMERIC, 3),
+                             round((spent[1] / spent[i])::NUMERIC, 3)), ' | ' ORDER BY i)
+      INTO report FROM generate_subscripts(kinds, 1) AS i;
+END
+$$;
