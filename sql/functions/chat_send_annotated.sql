@@ -9,8 +9,14 @@ DECLARE
     v_bad TEXT[];
     v_author BIGINT[];
     v_i INT;
-    v_problem TEXT;
     v_root_author BIGINT;
+    v_root_parent BIGINT;
+    v_root_deleted BOOLEAN;
+    v_conv BIGINT;
+    v_root BIGINT;
+    v_sender BIGINT;
+    v_client UUID;
+    v_found BOOLEAN;
     v_keep INT[];
     v_out TEXT[];
     v_seq BIGINT[];
@@ -26,31 +32,43 @@ BEGIN
     END LOOP;
 
     -- The roots' check, for the replies only; v_bad[i] and v_author[i] for message i.
+    -- One lookup per reply by its own (conversation, root): a generic plan prunes
+    -- message's partitions to one at executor start-up (a join on the batch's
+    -- conversations would start an index scan on all 16 for every call). The sender's
+    -- membership and a retry are looked at only for a root that fails.
     v_bad := array_fill(NULL::TEXT, ARRAY[cardinality(p_conversations)]);
     v_author := array_fill(NULL::BIGINT, ARRAY[cardinality(p_conversations)]);
-    FOR v_i, v_problem, v_root_author IN
-        SELECT r.i,
-               CASE WHEN NOT EXISTS (SELECT 1 FROM conversation_member m
-                                      WHERE m.conversation_id = r.conv
-                                        AND m.user_id = r.sender) THEN NULL
-                    WHEN EXISTS (SELECT 1 FROM message s
-                                  WHERE s.conversation_id = r.conv
-                                    AND s.client_msg_id = r.client_id) THEN NULL
-                    WHEN g.seq IS NULL AND r.root <= coalesce(a.cold_through, 0)
-                         THEN CASE WHEN r.cold THEN NULL ELSE 'root_archived' END
-                    WHEN g.seq IS NULL THEN 'root_unknown'
-                    WHEN g.thread_root_seq IS NOT NULL THEN 'root_reply'
-                    WHEN g.deleted_at IS NOT NULL THEN 'root_deleted'
-               END,
-               g.sender_id
-          FROM unnest(p_conversations, p_senders, p_client_ids, p_roots, p_cold_roots)
-               WITH ORDINALITY AS r(conv, sender, client_id, root, cold, i)
-          LEFT JOIN message g ON g.conversation_id = r.conv AND g.seq = r.root
-          LEFT JOIN message_archive a ON a.conversation_id = r.conv
-         WHERE r.root IS NOT NULL
+    FOR v_i IN SELECT i FROM generate_subscripts(p_roots, 1) AS i WHERE p_roots[i] IS NOT NULL
     LOOP
-        v_bad[v_i] := v_problem;
-        v_author[v_i] := v_root_author;
+        v_conv := p_conversations[v_i];
+        v_root := p_roots[v_i];
+        SELECT g.thread_root_seq, g.deleted_at IS NOT NULL, g.sender_id
+          INTO v_root_parent, v_root_deleted, v_root_author
+          FROM message g WHERE g.conversation_id = v_conv AND g.seq = v_root;
+        v_found := FOUND;
+        IF v_found AND v_root_parent IS NULL AND NOT v_root_deleted THEN
+            v_author[v_i] := v_root_author;
+            CONTINUE;
+        END IF;
+        v_sender := p_senders[v_i];
+        v_client := p_client_ids[v_i];
+        IF NOT EXISTS (SELECT 1 FROM conversation_member m
+                        WHERE m.conversation_id = v_conv AND m.user_id = v_sender)
+           OR EXISTS (SELECT 1 FROM message s
+                       WHERE s.conversation_id = v_conv AND s.client_msg_id = v_client) THEN
+            CONTINUE;
+        END IF;
+        IF NOT v_found THEN
+            v_bad[v_i] := CASE
+                WHEN v_root <= coalesce((SELECT a.cold_through FROM message_archive a
+                                          WHERE a.conversation_id = v_conv), 0)
+                THEN CASE WHEN p_cold_roots[v_i] THEN NULL ELSE 'root_archived' END
+                ELSE 'root_unknown' END;
+        ELSIF v_root_parent IS NOT NULL THEN
+            v_bad[v_i] := 'root_reply';
+        ELSE
+            v_bad[v_i] := 'root_deleted';
+        END IF;
     END LOOP;
 
     IF array_position(v_bad, NULL) IS NULL THEN
