@@ -23,24 +23,16 @@
 --   spread        chat_send_many, no reply
 --   spread_reply  chat_send_annotated, the first message a reply to its sender's thread
 
+-- Conversation 1 is the hot one, 2..501 the spread ones; in each, user u's message is
+-- seq u (the root of u's thread).
 INSERT INTO conversation (id, type, title, created_by, member_count)
-OVERRIDING SYSTEM VALUE VALUES (1, 'GROUP', 'hot', 1, 32);
+OVERRIDING SYSTEM VALUE
+SELECT c, 'GROUP', CASE WHEN c = 1 THEN 'hot' ELSE 'spread' END, 1, 32
+  FROM generate_series(1, 501) AS c;
 INSERT INTO conversation_member (conversation_id, user_id)
-SELECT 1, u FROM generate_series(1, 32) AS u;
+SELECT c, u FROM generate_series(1, 501) AS c, generate_series(1, 32) AS u;
 SELECT count(*) AS roots
-  FROM chat_send_many(array_fill(1::BIGINT, ARRAY[32]),
-                      ARRAY(SELECT u::BIGINT FROM generate_series(1, 32) AS u ORDER BY u),
-                      ARRAY(SELECT gen_random_uuid() FROM generate_series(1, 32)),
-                      array_fill('root'::TEXT, ARRAY[32]), array_fill(now(), ARRAY[32]),
-                      ARRAY(SELECT gen_random_uuid() FROM generate_series(1, 32)),
-                      array_fill('\x00'::BYTEA, ARRAY[32]), array_fill('\x00'::BYTEA, ARRAY[32]),
-                      'chat', true, NULL);
-INSERT INTO conversation (id, type, title, created_by, member_count)
-OVERRIDING SYSTEM VALUE SELECT c, 'GROUP', 'spread', 1, 32 FROM generate_series(2, 501) AS c;
-INSERT INTO conversation_member (conversation_id, user_id)
-SELECT c, u FROM generate_series(2, 501) AS c, generate_series(1, 32) AS u;
-SELECT count(*) AS roots
-  FROM generate_series(2, 501) AS c,
+  FROM generate_series(1, 501) AS c,
        LATERAL chat_send_many(array_fill(c::BIGINT, ARRAY[32]),
                       ARRAY(SELECT u::BIGINT FROM generate_series(1, 32) AS u ORDER BY u),
                       ARRAY(SELECT gen_random_uuid() FROM generate_series(1, 32)),
