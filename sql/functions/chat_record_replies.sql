@@ -22,16 +22,18 @@ BEGIN
     -- appended in seq order.
     INSERT INTO message_thread AS t (conversation_id, root_seq, reply_count,
                                      last_reply_seq, last_live_seq, last_reply_at,
-                                     repliers)
+                                     repliers, root_sender_id)
     SELECT n.conv, n.root, n.n, n.top, n.top, n.top_at,
            (SELECT coalesce(array_agg(x.s ORDER BY x.o), '{}')
               FROM (SELECT s, min(k) AS o FROM unnest(n.senders) WITH ORDINALITY AS b(s, k)
-                     GROUP BY s ORDER BY min(k) LIMIT 3) x)
+                     GROUP BY s ORDER BY min(k) LIMIT 3) x),
+           n.author
       FROM (SELECT r.conv, r.root, count(*) AS n, max(r.seq) AS top,
                    (array_agg(r.at ORDER BY r.seq DESC))[1] AS top_at,
-                   array_agg(r.sender ORDER BY r.seq) AS senders
-              FROM unnest(p_conversations, p_seqs, p_roots, p_senders, p_created_at)
-                   AS r(conv, seq, root, sender, at)
+                   array_agg(r.sender ORDER BY r.seq) AS senders, max(r.author) AS author
+              FROM unnest(p_conversations, p_seqs, p_roots, p_senders, p_created_at,
+                          p_root_authors)
+                   AS r(conv, seq, root, sender, at, author)
              GROUP BY r.conv, r.root) n
     ON CONFLICT (conversation_id, root_seq) DO UPDATE
        SET reply_count = t.reply_count + excluded.reply_count,
@@ -44,6 +46,7 @@ BEGIN
                                        UNION ALL
                                        SELECT s, 100 + k FROM unnest(excluded.repliers) WITH ORDINALITY AS b(s, k)) y
                                 GROUP BY u ORDER BY min(o) LIMIT 3) x),
+           root_sender_id = coalesce(t.root_sender_id, excluded.root_sender_id),
            changed_xid = pg_current_xact_id();
 
     -- The senders follow, having read up to their newest reply.

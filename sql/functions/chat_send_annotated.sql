@@ -1,4 +1,4 @@
-CREATE OR REPLACE FUNCTION public.chat_send_annotated(p_conversations bigint[], p_senders bigint[], p_client_ids uuid[], p_bodies text[], p_created_at timestamp with time zone[], p_event_ids uuid[], p_heads bytea[], p_tails bytea[], p_aggregatetype text, p_clear_outbox boolean, p_roots bigint[], p_cold_roots boolean[], p_mention_at integer[], p_mention_users bigint[])
+CREATE OR REPLACE FUNCTION public.chat_send_annotated(p_conversations bigint[], p_senders bigint[], p_client_ids uuid[], p_bodies text[], p_created_at timestamp with time zone[], p_event_ids uuid[], p_heads bytea[], p_tails bytea[], p_aggregatetype text, p_clear_outbox boolean, p_roots bigint[], p_cold_authors bigint[], p_mention_at integer[], p_mention_users bigint[])
  RETURNS TABLE(outcome text, seq bigint, created_at timestamp with time zone)
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
@@ -62,8 +62,10 @@ BEGIN
             v_bad[v_i] := CASE
                 WHEN v_root <= coalesce((SELECT a.cold_through FROM message_archive a
                                           WHERE a.conversation_id = v_conv), 0)
-                THEN CASE WHEN p_cold_roots[v_i] THEN NULL ELSE 'root_archived' END
+                THEN CASE WHEN p_cold_authors[v_i] IS NOT NULL THEN NULL
+                          ELSE 'root_archived' END
                 ELSE 'root_unknown' END;
+            v_author[v_i] := p_cold_authors[v_i];
         ELSIF v_root_parent IS NOT NULL THEN
             v_bad[v_i] := 'root_reply';
         ELSE

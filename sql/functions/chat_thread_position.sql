@@ -20,11 +20,10 @@ BEGIN
         RETURN;
     END IF;
     -- A top-level message nobody replied to yet can be followed (and read).
-    INSERT INTO message_thread (conversation_id, root_seq)
-    SELECT p_conversation, p_root
-     WHERE EXISTS (SELECT 1 FROM message g
-                    WHERE g.conversation_id = p_conversation AND g.seq = p_root
-                      AND g.thread_root_seq IS NULL AND g.deleted_at IS NULL)
+    INSERT INTO message_thread (conversation_id, root_seq, root_sender_id)
+    SELECT p_conversation, p_root, g.sender_id FROM message g
+     WHERE g.conversation_id = p_conversation AND g.seq = p_root
+       AND g.thread_root_seq IS NULL AND g.deleted_at IS NULL
     ON CONFLICT DO NOTHING;
     SELECT t.last_reply_seq, t.last_live_seq INTO v_top, v_live FROM message_thread t
      WHERE t.conversation_id = p_conversation AND t.root_seq = p_root;

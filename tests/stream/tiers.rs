@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use chatpipe_schemas::notification::REPLY;
 use chatpipe_tests::cold::{
     archiver_process, cassandra_rows, drop_keyspace, session, Row, BUCKET_SIZE,
 };
@@ -285,10 +286,60 @@ async fn history_pages_the_same_across_the_tiers_and_archived_messages_change_as
     assert_eq!(thread("afterSeq=0&limit=50").await, (vec![8, late], false));
     let refused = reply(8).await.problem(422);
     assert_eq!(refused["field"], "threadRootSeq", "{refused}");
+    a_reply_to_an_archived_root_reaches_its_author(&p, c).await;
 
     archived_messages_change_as_hot_ones(&p, conversations[0], &before[&conversations[0]]).await;
     drop_keyspace(&cql, &p.ns).await;
     p.cleanup().await;
+}
+
+/// Carol replies to seq 3 of `conv`, Alice's, archived, nobody's root before: as after
+/// a reply to a hot root, the thread knows its author (PostgreSQL's rows), Alice follows
+/// it, and at level `mentions`, offline, she is told of it as a reply (what
+/// `chat.notifications` carries).
+async fn a_reply_to_an_archived_root_reaches_its_author(p: &Pipeline, conv: i64) {
+    let (alice, carol, root) = (1, 3, 3);
+    p.app
+        .user(alice)
+        .put_json(
+            &format!("/conversations/{conv}/notifications"),
+            json!({"level": "mentions"}),
+        )
+        .await
+        .expect(200);
+    let notifier = p.start_notifications(p.notification_settings());
+    let answer = p
+        .app
+        .user(carol)
+        .post(
+            &format!("/conversations/{conv}/messages"),
+            json!({"clientMsgId": uuid::Uuid::new_v4(), "body": "to alice", "threadRootSeq": root}),
+        )
+        .await
+        .expect(201)["seq"]
+        .as_i64()
+        .unwrap();
+    let (author, following): (Option<i64>, bool) = sqlx::query_as(
+        "SELECT t.root_sender_id, f.following
+           FROM message_thread t
+           JOIN thread_follow f USING (conversation_id, root_seq)
+          WHERE t.conversation_id = $1 AND t.root_seq = $2 AND f.user_id = $3",
+    )
+    .bind(conv)
+    .bind(root)
+    .bind(alice)
+    .fetch_one(&p.app.pool)
+    .await
+    .expect("alice's position in the thread of an archived root");
+    assert_eq!((author, following), (Some(alice), true));
+    p.notifications_until(Duration::from_secs(60), |records| {
+        records.iter().any(|(_, n)| {
+            (n.user_id.get(), n.conversation_id.get(), n.kind.as_str()) == (alice, conv, REPLY)
+                && (n.first_seq.get()..=n.last_seq.get()).contains(&answer)
+        })
+    })
+    .await;
+    drop(notifier);
 }
 
 /// Edits and deletes of moved messages (seq <= 60) answer as those of hot ones (seq >

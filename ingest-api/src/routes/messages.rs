@@ -77,7 +77,7 @@ pub async fn send(
         body: &body,
         mentions,
         thread_root,
-        root_found_in_cold: false,
+        cold_root_author: None,
     };
     let sent = loop {
         match state
@@ -86,13 +86,13 @@ pub async fn send(
             .await
         {
             // The root has left PostgreSQL: as the cold tier has it, then once more.
-            Err(SendError::RootArchived { root }) if !message.root_found_in_cold => {
-                if let Some(bad) =
-                    threads::check_cold_root(&state.store, conversation, root).await?
-                {
-                    return Err(ApiError::invalid("threadRootSeq", bad.detail(root.get())));
+            Err(SendError::RootArchived { root }) if message.cold_root_author.is_none() => {
+                match threads::check_cold_root(&state.store, conversation, root).await? {
+                    Ok(author) => message.cold_root_author = Some(author),
+                    Err(bad) => {
+                        return Err(ApiError::invalid("threadRootSeq", bad.detail(root.get())))
+                    }
                 }
-                message.root_found_in_cold = true;
             }
             other => break other?,
         }

@@ -44,14 +44,14 @@ impl BadRoot {
 }
 
 /// A root the send found moved to the cold tier ([`super::send::SendError::RootArchived`]),
-/// as Cassandra has it: `None` for a top-level message not deleted. A deleted archived
-/// message comes back to PostgreSQL first (store/archived.rs), and the send then sees
-/// it there.
+/// as Cassandra has it: its author for a top-level message not deleted (the thread
+/// keeps them, and they follow it). A deleted archived message comes back to
+/// PostgreSQL first (store/archived.rs), and the send then sees it there.
 pub async fn check_cold_root(
     db: &Store,
     conversation: ConversationId,
     root: Seq,
-) -> Result<Option<BadRoot>, StoreError> {
+) -> Result<Result<UserId, BadRoot>, StoreError> {
     let rows = db
         .cold
         .get()
@@ -60,11 +60,17 @@ pub async fn check_cold_root(
         .range(conversation.get(), root.get(), root.get())
         .await
         .map_err(StoreError::ColdUnavailable)?;
-    Ok(match rows.into_iter().next() {
-        None => Some(BadRoot::Unknown),
-        Some(row) if row.8.is_some() => Some(BadRoot::Reply),
-        Some(row) if row.6.is_some() => Some(BadRoot::Deleted),
-        Some(_) => None,
+    let row = match rows.into_iter().next() {
+        None => return Ok(Err(BadRoot::Unknown)),
+        Some(row) if row.8.is_some() => return Ok(Err(BadRoot::Reply)),
+        Some(row) if row.6.is_some() => return Ok(Err(BadRoot::Deleted)),
+        Some(row) => row,
+    };
+    let author = row.1.and_then(|sender| UserId::new(sender).ok());
+    author.map(Ok).ok_or_else(|| {
+        StoreError::ColdUnavailable(anyhow::anyhow!(
+            "archived message {root} of conversation {conversation} has no sender"
+        ))
     })
 }
 

@@ -45,7 +45,8 @@ use window::Windows;
 
 /// Per member of conversation `$1`, what of its messages `$2` they should hear about:
 /// how many, the first and newest, the newest's sender, preview (`$3` characters; none
-/// at 0), thread and time, and whether one names them or replies in their thread.
+/// at 0), thread and time, and whether one names them or replies in their thread (the
+/// root's author as `message_thread` keeps it, also once the root is archived).
 /// Messages older than `$4` seconds are not told.
 const RECIPIENTS_SQL: &str = "SELECT m.user_id, count(*) AS count,
         min(g.seq) AS first_seq, max(g.seq) AS last_seq,
@@ -54,18 +55,19 @@ const RECIPIENTS_SQL: &str = "SELECT m.user_id, count(*) AS count,
         (array_agg(g.thread_root_seq ORDER BY g.seq DESC))[1] AS thread_root_seq,
         max(g.created_at) AS created_at,
         bool_or(n.user_id IS NOT NULL) AS mentioned,
-        coalesce(bool_or(r.sender_id = m.user_id), false) AS replied_to
+        coalesce(bool_or(t.root_sender_id = m.user_id), false) AS replied_to
    FROM message g
    JOIN conversation_member m ON m.conversation_id = g.conversation_id
    LEFT JOIN message_mention n
      ON n.conversation_id = g.conversation_id AND n.seq = g.seq AND n.user_id = m.user_id
-   LEFT JOIN message r ON r.conversation_id = g.conversation_id AND r.seq = g.thread_root_seq
+   LEFT JOIN message_thread t
+     ON t.conversation_id = g.conversation_id AND t.root_seq = g.thread_root_seq
   WHERE g.conversation_id = $1 AND g.seq = ANY($2) AND g.deleted_at IS NULL
     AND g.created_at > now() - make_interval(secs => $4)
     AND m.user_id <> g.sender_id AND g.seq > m.last_read_seq
     AND (m.muted_until IS NULL OR m.muted_until <= now())
     AND (m.notify_level = 'all'
-         OR (m.notify_level = 'mentions' AND (n.user_id IS NOT NULL OR r.sender_id = m.user_id)))
+         OR (m.notify_level = 'mentions' AND (n.user_id IS NOT NULL OR t.root_sender_id = m.user_id)))
   GROUP BY m.user_id
   ORDER BY m.user_id";
 

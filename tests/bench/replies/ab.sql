@@ -57,7 +57,8 @@ DECLARE
     bodies TEXT[] := array_fill('hello there, a body of a typical length for chat'::TEXT, ARRAY[16]);
     heads BYTEA[] := array_fill('\x0102'::BYTEA, ARRAY[16]);
     tails BYTEA[] := array_fill('\x0304'::BYTEA, ARRAY[16]);
-    cold BOOLEAN[] := array_fill(false, ARRAY[16]);
+    -- The roots' authors as the cold tier has them: none looked up there.
+    cold BIGINT[] := array_fill(NULL::BIGINT, ARRAY[16]);
     senders BIGINT[];
     client_ids UUID[];
     event_ids UUID[];

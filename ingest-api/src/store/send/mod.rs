@@ -47,8 +47,9 @@ pub struct Outgoing<'a> {
     pub mentions: Vec<UserId>,
     pub thread_root: Option<Seq>,
     /// The root has left PostgreSQL and was found in the cold tier, a top-level message
-    /// not deleted there (after the send answered [`SendError::RootArchived`]).
-    pub root_found_in_cold: bool,
+    /// not deleted there, sent by this member (after the send answered
+    /// [`SendError::RootArchived`]).
+    pub cold_root_author: Option<UserId>,
 }
 
 /// A message committed, as the sender learns it.
@@ -92,7 +93,7 @@ pub enum SendError {
         problem: super::threads::BadRoot,
     },
     /// `threadRootSeq` names a message that has left PostgreSQL for the cold tier: the
-    /// caller looks it up there and sends again (`Outgoing::root_found_in_cold`).
+    /// caller looks it up there and sends again (`Outgoing::cold_root_author`).
     #[error("thread root {root} is in the cold tier")]
     RootArchived { root: Seq },
     /// The statement of this send's batch failed: nothing of the batch was written.
@@ -109,7 +110,7 @@ struct Pending {
     mentions: Vec<UserId>,
     /// A reply: its thread's root (checked by the batch, under the delete lock).
     thread_root: Option<Seq>,
-    root_found_in_cold: bool,
+    cold_root_author: Option<UserId>,
     created_at: DateTime<Utc>,
     reply: oneshot::Sender<Result<SendOutcome, SendError>>,
 }
@@ -195,7 +196,7 @@ impl SendQueue {
             body: message.body.as_str().to_owned(),
             mentions: message.mentions,
             thread_root: message.thread_root,
-            root_found_in_cold: message.root_found_in_cold,
+            cold_root_author: message.cold_root_author,
             created_at: now(),
             reply,
         };

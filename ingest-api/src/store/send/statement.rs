@@ -131,7 +131,10 @@ pub(super) async fn write_rows(
     if !annotated {
         return query.fetch_all(db).await;
     }
-    let cold_roots: Vec<bool> = batch.iter().map(|p| p.root_found_in_cold).collect();
+    let cold_authors: Vec<Option<i64>> = batch
+        .iter()
+        .map(|p| p.cold_root_author.map(|u| u.get()))
+        .collect();
     let (mut mention_at, mut mention_users) = (Vec::new(), Vec::new());
     for (i, p) in batch.iter().enumerate() {
         for user in &p.mentions {
@@ -140,7 +143,7 @@ pub(super) async fn write_rows(
         }
     }
     let rows: Vec<Row> = query
-        .bind(&cold_roots)
+        .bind(&cold_authors)
         .bind(&mention_at)
         .bind(&mention_users)
         .fetch_all(db)
