@@ -74,6 +74,7 @@ pub const METRICS: &[Entry] = &[
     // pipeline receipts.
     ("receipts_in_total", Counter, "Receipts read from the topic, by mark (read, delivered)."),
     ("receipts_flushes_total", Counter, "Batched watermark flushes written, by mark."),
+    ("receipts_windows_total", Counter, "Receipt windows closed for a flush, by mark and reason: full (receipts.max_batch_keys), debounce (receipts.debounce_window_ms since the first receipt), quiet (receipts.quiet_flush_ms since the last)."),
     ("receipts_flush_keys", Histogram, "Distinct (conversation, member) keys per flush, by mark."),
     ("receipts_rows_advanced_total", Counter, "Watermarks a flush moved, by mark."),
     ("receipts_dropped_non_member_total", Counter, "Receipts of users who are not members, dropped by the flush, by mark."),

@@ -50,9 +50,16 @@ pub struct ReceiptsSettings {
     pub acks_topic: String,
     pub acks_group: String,
     pub debounce_window_ms: u64,
+    /// A window also flushes once no receipt came for this long (0: never).
+    pub quiet_flush_ms: u64,
     pub max_batch_keys: usize,
     pub max_poll_ms: u64,
     pub concurrency: usize,
+    /// The broker answers a receipts reader's fetch once it holds this many bytes for
+    /// it, or after `fetch_wait_max_ms` (librdkafka's `fetch.min.bytes` and
+    /// `fetch.wait.max.ms`): the window batches anyway, so fewer, fuller fetches.
+    pub fetch_min_bytes: u32,
+    pub fetch_wait_max_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -231,8 +238,17 @@ impl Settings {
         &self,
         health: std::sync::Arc<chatpipe_runtime::ReaderHealth>,
     ) -> anyhow::Result<chatpipe_runtime::ReaderThread> {
+        self.reader_thread_with(self.kafka.client(), health)
+    }
+
+    /// [`Self::reader_thread`] with its consumer configured from `client`.
+    pub fn reader_thread_with(
+        &self,
+        client: rdkafka::ClientConfig,
+        health: std::sync::Arc<chatpipe_runtime::ReaderHealth>,
+    ) -> anyhow::Result<chatpipe_runtime::ReaderThread> {
         Ok(chatpipe_runtime::ReaderThread::new(
-            self.kafka.client(),
+            client,
             self.registry_client()?,
             health,
             &self.readers,

@@ -122,8 +122,12 @@ impl Processor for Receipts {
     }
 
     fn tick(&mut self) -> Result<(), Failure> {
-        if self.pending.is_none() && self.window.due(Instant::now()) {
-            self.pending = Some(self.window.take_all());
+        if self.pending.is_none() {
+            if let Some(due) = self.window.due(Instant::now()) {
+                metrics::counter!("receipts_windows_total", "mark" => self.mark.label(), "reason" => due.label())
+                    .increment(1);
+                self.pending = Some(self.window.take_all());
+            }
         }
         self.flush_pending()
     }
@@ -201,7 +205,13 @@ fn run_one(
     health: Arc<ReaderHealth>,
 ) -> anyhow::Result<()> {
     let cfg = &settings.receipts;
-    let thread = settings.reader_thread(health)?;
+    let client = settings
+        .kafka
+        .client()
+        .set("fetch.min.bytes", cfg.fetch_min_bytes.to_string())
+        .set("fetch.wait.max.ms", cfg.fetch_wait_max_ms.to_string())
+        .clone();
+    let thread = settings.reader_thread_with(client, health)?;
     let Some((codec, pool)) = thread.start(stop, name, || async {
         let codec = thread
             .registry()
@@ -220,7 +230,8 @@ fn run_one(
         window: Window::new(
             Duration::from_millis(cfg.debounce_window_ms),
             cfg.max_batch_keys,
-        ),
+        )
+        .with_quiet(Duration::from_millis(cfg.quiet_flush_ms)),
         pending: None,
         released: Vec::new(),
         kill_after_db_commit: settings.fault.kill_after_db_commit,

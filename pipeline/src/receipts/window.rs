@@ -2,8 +2,10 @@
 //! user) since the last flush, and the offset to commit once that flush is durable.
 //!
 //! A window opens with its first receipt and is due `debounce_window` later, or as soon
-//! as it holds `max_batch_keys` distinct keys. Time comes in as a parameter so the
-//! debounce is tested with paused time.
+//! as it holds `max_batch_keys` distinct keys, or (with [`Window::with_quiet`]) once no
+//! receipt came for `quiet_flush`: a lone read is applied at once, a storm with no such
+//! pause is still batched. Time comes in as a parameter so the debounce is tested with
+//! paused time.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -29,6 +31,31 @@ pub struct Window {
     keys: usize,
     receipts: u64,
     opened_at: Option<Instant>,
+    /// `None`: due by the debounce and the batch size only.
+    quiet: Option<Duration>,
+    /// The last record taken in, while the window is open.
+    last_at: Option<Instant>,
+}
+
+/// Why a window is due (`receipts_windows_total{reason}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Due {
+    /// It holds `max_batch_keys` distinct keys.
+    Full,
+    /// `debounce_window` since its first record.
+    Debounce,
+    /// `quiet_flush` since its last record.
+    Quiet,
+}
+
+impl Due {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Full => "full",
+            Self::Debounce => "debounce",
+            Self::Quiet => "quiet",
+        }
+    }
 }
 
 /// What one flush writes and then commits.
@@ -76,7 +103,15 @@ impl Window {
             keys: 0,
             receipts: 0,
             opened_at: None,
+            quiet: None,
+            last_at: None,
         }
+    }
+
+    /// The window is also due once no record came for `quiet` (not at all if zero).
+    pub fn with_quiet(mut self, quiet: Duration) -> Self {
+        self.quiet = (!quiet.is_zero()).then_some(quiet);
+        self
     }
 
     /// Takes in one receipt read at `offset` of `partition`.
@@ -92,6 +127,7 @@ impl Window {
         p.next_offset = Some(offset + 1);
         self.receipts += 1;
         self.opened_at.get_or_insert(now);
+        self.last_at = Some(now);
     }
 
     /// A record that carries no receipt (e.g. sent to the dead-letter topic): its offset
@@ -99,18 +135,33 @@ impl Window {
     pub fn skip(&mut self, partition: i32, offset: i64, now: Instant) {
         self.partitions.entry(partition).or_default().next_offset = Some(offset + 1);
         self.opened_at.get_or_insert(now);
+        self.last_at = Some(now);
     }
 
-    pub fn due(&self, now: Instant) -> bool {
-        self.keys >= self.max_batch_keys
-            || self
-                .opened_at
-                .is_some_and(|t| now.duration_since(t) >= self.debounce)
+    /// Whether the open window is due now, and why.
+    pub fn due(&self, now: Instant) -> Option<Due> {
+        let opened = self.opened_at?;
+        if self.keys >= self.max_batch_keys {
+            Some(Due::Full)
+        } else if now >= opened + self.debounce {
+            Some(Due::Debounce)
+        } else if self
+            .quiet
+            .zip(self.last_at)
+            .is_some_and(|(q, t)| now >= t + q)
+        {
+            Some(Due::Quiet)
+        } else {
+            None
+        }
     }
 
-    /// When the open window is due, if one is open.
+    /// When the open window is due, if one is open: a debounce after its first record,
+    /// or a quiet period after its last, whichever comes first.
     pub fn deadline(&self) -> Option<Instant> {
-        self.opened_at.map(|t| t + self.debounce)
+        let debounced = self.opened_at.map(|t| t + self.debounce)?;
+        let quieted = self.quiet.zip(self.last_at).map(|(q, t)| t + q);
+        Some(quieted.map_or(debounced, |q| q.min(debounced)))
     }
 
     pub fn distinct_keys(&self) -> usize {
@@ -141,6 +192,7 @@ impl Window {
         if self.partitions.is_empty() {
             batch.receipts = std::mem::take(&mut self.receipts);
             self.opened_at = None;
+            self.last_at = None;
         } else {
             // Attribute the count to this batch; the rest of the window keeps its start.
             batch.receipts = self.receipts;
@@ -185,21 +237,60 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_window_is_due_one_debounce_after_its_first_receipt() {
         let mut w = Window::new(Duration::from_secs(1), 1000);
-        assert!(!w.due(Instant::now()), "an empty window is never due");
+        assert!(
+            w.due(Instant::now()).is_none(),
+            "an empty window is never due"
+        );
         add(&mut w, 0, 10, (7, 20), 5, Instant::now());
         tokio::time::advance(Duration::from_millis(600)).await;
         add(&mut w, 0, 11, (7, 20), 9, Instant::now()); // later receipts do not extend the window
         tokio::time::advance(Duration::from_millis(399)).await;
-        assert!(!w.due(Instant::now()));
+        assert!(w.due(Instant::now()).is_none());
         tokio::time::advance(Duration::from_millis(1)).await;
-        assert!(w.due(Instant::now()));
+        assert_eq!(w.due(Instant::now()), Some(Due::Debounce));
 
         let batch = w.take_all();
         assert_eq!(marks(&batch), vec![((7, 20), 9)]);
         assert_eq!(batch.offsets, vec![(0, 12)]);
         assert_eq!(batch.receipts, 2);
-        assert!(!w.due(Instant::now()), "taking closes the window");
+        assert!(w.due(Instant::now()).is_none(), "taking closes the window");
         assert_eq!(w.deadline(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_window_is_due_a_quiet_period_after_its_last_receipt_or_at_the_debounce() {
+        let quiet = Duration::from_millis(100);
+        let mut w = Window::new(Duration::from_secs(1), 1000).with_quiet(quiet);
+        // A lone receipt: due once nothing followed it for 100 ms.
+        add(&mut w, 0, 0, (7, 20), 5, Instant::now());
+        tokio::time::advance(Duration::from_millis(99)).await;
+        assert!(w.due(Instant::now()).is_none());
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(
+            w.due(Instant::now()),
+            Some(Due::Quiet),
+            "100 ms without a receipt"
+        );
+        assert_eq!(marks(&w.take_all()), vec![((7, 20), 5)]);
+
+        // A storm: a receipt every 50 ms never leaves 100 ms quiet, so the window runs
+        // to its debounce and takes all of them in one batch.
+        let opened = Instant::now();
+        for i in 0..25 {
+            add(&mut w, 0, 1 + i, (7, 20 + i), 6, Instant::now());
+            if w.due(Instant::now()).is_some() {
+                break;
+            }
+            tokio::time::advance(Duration::from_millis(50)).await;
+        }
+        assert_eq!(Instant::now() - opened, Duration::from_secs(1));
+        assert_eq!(
+            w.due(Instant::now()),
+            Some(Due::Debounce),
+            "the debounce ends the storm's window"
+        );
+        assert_eq!(w.take_all().watermarks.len(), 21);
+        assert_eq!(w.deadline(), None, "taking closes the window");
     }
 
     #[tokio::test(start_paused = true)]
@@ -227,9 +318,13 @@ mod tests {
         add(&mut w, 0, 0, (1, 1), 1, now);
         add(&mut w, 0, 1, (1, 1), 2, now);
         add(&mut w, 0, 2, (1, 2), 1, now);
-        assert!(!w.due(now), "two distinct keys");
+        assert!(w.due(now).is_none(), "two distinct keys");
         add(&mut w, 0, 3, (1, 3), 1, now);
-        assert!(w.due(now), "three distinct keys fill the batch");
+        assert_eq!(
+            w.due(now),
+            Some(Due::Full),
+            "three distinct keys fill the batch"
+        );
     }
 
     #[test]
