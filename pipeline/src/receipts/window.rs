@@ -156,12 +156,9 @@ impl Window {
         }
     }
 
-    /// When the open window is due, if one is open: a debounce after its first record,
-    /// or a quiet period after its last, whichever comes first.
-    pub fn deadline(&self) -> Option<Instant> {
-        let debounced = self.opened_at.map(|t| t + self.debounce)?;
-        let quieted = self.quiet.zip(self.last_at).map(|(q, t)| t + q);
-        Some(quieted.map_or(debounced, |q| q.min(debounced)))
+    /// A window is open: it holds a record not taken yet.
+    pub fn is_open(&self) -> bool {
+        self.opened_at.is_some()
     }
 
     pub fn distinct_keys(&self) -> usize {
@@ -254,7 +251,7 @@ mod tests {
         assert_eq!(batch.offsets, vec![(0, 12)]);
         assert_eq!(batch.receipts, 2);
         assert!(w.due(Instant::now()).is_none(), "taking closes the window");
-        assert_eq!(w.deadline(), None);
+        assert!(!w.is_open());
     }
 
     #[tokio::test(start_paused = true)]
@@ -290,7 +287,7 @@ mod tests {
             "the debounce ends the storm's window"
         );
         assert_eq!(w.take_all().watermarks.len(), 21);
-        assert_eq!(w.deadline(), None, "taking closes the window");
+        assert!(!w.is_open(), "taking closes the window");
     }
 
     #[tokio::test(start_paused = true)]
@@ -359,7 +356,7 @@ mod tests {
             "the skipped record's offset is committed too"
         );
         assert_eq!(w.distinct_keys(), 1);
-        assert!(w.deadline().is_some(), "partition 0's window stays open");
+        assert!(w.is_open(), "partition 0's window stays open");
         assert_eq!(marks(&w.take_all()), vec![((1, 1), 5)]);
     }
 }

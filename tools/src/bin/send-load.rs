@@ -248,9 +248,10 @@ async fn main() -> anyhow::Result<()> {
         let mut plan: Vec<(&'static str, Vec<i64>, Option<Mix>)> = Vec::new();
         // With a mix, every other run sends it first: a drift over a run (the tables
         // grow, autovacuum, a checkpoint) weighs on both sides alike.
+        let mix_first = mix.is_some() && r % 2 == 1;
         let kinds: &[(&str, &str, Option<Mix>)] = match mix {
             None => &[("spread", "hot", None)],
-            Some(_) if r % 2 == 1 => &[
+            Some(_) if mix_first => &[
                 ("spread+threads", "hot+threads", mix),
                 ("spread", "hot", None),
             ],
@@ -324,7 +325,7 @@ async fn main() -> anyhow::Result<()> {
                     phases[plain].name,
                     args.replies * 100.0,
                     args.mentions * 100.0,
-                    if r % 2 == 1 { "threads" } else { "plain" }
+                    if mix_first { "threads" } else { "plain" }
                 );
             }
         }
