@@ -68,6 +68,8 @@ pub struct KafkaSettings {
     pub acks_topic: String,
     pub produce_timeout_ms: u64,
     pub queue_max_messages: u32,
+    /// How long the receipt producer waits to fill a batch (librdkafka `linger.ms`).
+    pub linger_ms: u64,
     /// librdkafka properties for a secured cluster (TLS, SASL): see
     /// `chatpipe_core::kafka::apply`.
     #[serde(default)]

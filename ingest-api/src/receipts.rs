@@ -41,6 +41,7 @@ impl ReceiptProducer {
             kafka.queue_max_messages.to_string(),
         )
         .set("message.timeout.ms", kafka.produce_timeout_ms.to_string())
+        .set("linger.ms", kafka.linger_ms.to_string())
         .create_guarded()?;
         Ok(Self {
             producer,
