@@ -65,6 +65,18 @@ pub const REVISION: &str = match option_env!("CHATPIPE_REVISION") {
     None => "unknown",
 };
 
+/// Registers counters at 0 when the process starts. A counter that first appears at its
+/// first increment starts its series at 1, and an alert's `increase()` or `rate()` reads
+/// no change there: the first seq gap after an auditor starts would never fire
+/// `ChatpipeSeqGap`, and an alert adding two rates would stay empty while one of the two
+/// series was missing. Every counter an alert reads is registered so
+/// (`tests/drill/` scrapes each running service for them).
+pub fn count_from_zero(counters: &[&'static str]) {
+    for name in counters {
+        metrics::counter!(*name).increment(0);
+    }
+}
+
 /// Sets `chatpipe_build_info{service, version, revision}` to 1: which build answers.
 pub fn build_info(service: &str) {
     let _ = metrics_handle();

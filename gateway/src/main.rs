@@ -59,6 +59,10 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Serve => {
             chatpipe_core::telemetry::build_info("gateway");
+            chatpipe_core::telemetry::count_from_zero(&[
+                "gateway_queue_overflows_total",
+                "gateway_write_timeouts_total",
+            ]);
             let listener = gateway::listener(&settings)
                 .with_context(|| format!("binding {} (http.addr)", settings.http.addr))?;
             let admin = gateway::admin_listener(&settings).await?;

@@ -44,6 +44,10 @@ async fn main() -> anyhow::Result<()> {
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => {
             chatpipe_core::telemetry::build_info("ingest-api");
+            chatpipe_core::telemetry::count_from_zero(&[
+                "send_queue_rejections_total",
+                "db_pool_acquire_timeouts_total",
+            ]);
             let app = Application::build(settings).await?;
             tracing::info!(addr = %app.local_addr(), admin = %app.admin_addr(), "ingest-api listening");
             app.run_until_stopped(chatpipe_core::startup::shutdown_signal())

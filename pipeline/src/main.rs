@@ -84,6 +84,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Fanout => {
             chatpipe_core::telemetry::build_info("fanout");
+            chatpipe_core::telemetry::count_from_zero(&["fanout_membership_version_reloads_total"]);
             pipeline::fanout::spawn(&settings, &mut supervisor, &readiness, Arc::default());
             axum::Router::new()
         }
@@ -99,6 +100,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Audit => {
             chatpipe_core::telemetry::build_info("audit");
+            chatpipe_core::telemetry::count_from_zero(&["audit_seq_gaps_total"]);
             let audit = pipeline::audit::Audit::new(&settings);
             pipeline::audit::spawn(&settings, &mut supervisor, &readiness, audit.clone())?;
             pipeline::audit::report::router(audit)

@@ -51,6 +51,49 @@ fn every_alert_has_a_severity_and_says_what_to_do() {
     assert!(alerts >= 10, "{alerts} alerts");
 }
 
+/// Every alert links its runbook, and `docs/runbooks.md` has exactly one section per
+/// alert, in the rules' order, each saying what it means, what users see, what to check
+/// and what to do.
+#[test]
+fn every_alert_has_a_runbook_section_and_links_it() {
+    let rules = rules();
+    let mut alerts = Vec::new();
+    for group in rules["groups"].as_sequence().unwrap() {
+        for rule in group["rules"].as_sequence().unwrap() {
+            let Some(name) = rule["alert"].as_str() else {
+                continue;
+            };
+            let url = rule["annotations"]["runbook_url"].as_str();
+            let expected = format!("docs/runbooks.md#{}", name.to_lowercase());
+            assert_eq!(url, Some(expected.as_str()), "{name}'s runbook_url");
+            alerts.push(name.to_string());
+        }
+    }
+    let runbooks = std::fs::read_to_string(repo_root().join("docs/runbooks.md")).unwrap();
+    let sections: Vec<&str> = runbooks.split("\n## ").skip(1).collect();
+    let names: Vec<String> = sections
+        .iter()
+        .map(|s| s.lines().next().unwrap_or("").trim().to_string())
+        .collect();
+    assert_eq!(
+        names, alerts,
+        "docs/runbooks.md's sections against the alerts"
+    );
+    for (name, section) in alerts.iter().zip(&sections) {
+        let parts = [
+            "**What it means.**",
+            "**What users see.**",
+            "**What to check.**",
+            "**What to do.**",
+        ];
+        let at: Vec<Option<usize>> = parts.iter().map(|p| section.find(p)).collect();
+        assert!(
+            at.iter().all(Option::is_some) && at.windows(2).all(|w| w[0] < w[1]),
+            "{name}'s runbook needs {parts:?} in that order: {at:?}"
+        );
+    }
+}
+
 #[test]
 fn every_metric_the_rules_and_the_dashboard_read_is_one_a_service_exports() {
     let rules = rules();

@@ -71,7 +71,7 @@ async fn a_short_drill_of_three_faults_under_load_loses_nothing() {
     let end = rows.last().unwrap();
     assert!(
         end.metric_gaps.is_empty(),
-        "every metric of every service has HELP, and each says its build: {:#?}",
+        "every metric of every service has HELP, each says its build, and every counter an alert reads is exported: {:#?}",
         end.metric_gaps
     );
     assert!(

@@ -707,6 +707,37 @@ pub fn undescribed_metrics(text: &str) -> Vec<String> {
     gaps
 }
 
+/// The counters the alert rules (`docs/prometheus/chatpipe.rules.yml`) read through
+/// `rate(` or `increase(` by name. Each must be exported from the start, at 0, by the
+/// service that counts it (`chatpipe_core::telemetry::count_from_zero`): a series that
+/// appears at its first increment is no increase to Prometheus.
+pub fn counters_the_alerts_read() -> std::collections::BTreeSet<String> {
+    let path = stack::repo_root().join("docs/prometheus/chatpipe.rules.yml");
+    let rules: serde_yaml_ng::Value =
+        serde_yaml_ng::from_slice(&std::fs::read(path).unwrap()).expect("the rules are YAML");
+    let mut names = std::collections::BTreeSet::new();
+    for group in rules["groups"].as_sequence().unwrap() {
+        for rule in group["rules"].as_sequence().unwrap() {
+            let (Some(_), Some(expr)) = (rule["alert"].as_str(), rule["expr"].as_str()) else {
+                continue;
+            };
+            for call in ["rate(", "increase("] {
+                for (at, _) in expr.match_indices(call) {
+                    let rest = expr[at + call.len()..].trim_start();
+                    let name: String = rest
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':')
+                        .collect();
+                    if name.ends_with("_total") {
+                        names.insert(name);
+                    }
+                }
+            }
+        }
+    }
+    names
+}
+
 /// The registry's URL through a [`late_port`]: a registry that comes up `after` from now.
 pub fn late_registry(after: Duration) -> (String, std::time::Instant) {
     let real = url::Url::parse(&registry_url()).expect("the registry URL");

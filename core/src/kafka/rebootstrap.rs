@@ -35,7 +35,7 @@ use std::ffi::CString;
 use std::sync::{Arc, OnceLock};
 
 use rdkafka::admin::AdminClient;
-use rdkafka::bindings::{rd_kafka_brokers_add, rd_kafka_t};
+use rdkafka::bindings::{rd_kafka_brokers_add, rd_kafka_t, rd_kafka_type, rd_kafka_type_t};
 use rdkafka::client::ClientContext;
 use rdkafka::config::FromClientConfigAndContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, StreamConsumer};
@@ -212,7 +212,15 @@ where
         config.set("statistics.interval.ms", STATISTICS_INTERVAL_MS);
     }
     let client = T::from_config_and_context(&config, context(guard.clone()))?;
-    let _ = guard.inner.client.set(Native(client.native()));
+    let native = client.native();
+    let _ = guard.inner.client.set(Native(native));
+    // At 0 from the start, so the alert's increase() sees the first rescue.
+    // SAFETY: the handle is the live client's, just created.
+    let client_type = match unsafe { rd_kafka_type(native) } {
+        rd_kafka_type_t::RD_KAFKA_PRODUCER => "producer",
+        rd_kafka_type_t::RD_KAFKA_CONSUMER => "consumer",
+    };
+    metrics::counter!("kafka_rebootstraps_total", "client" => client_type).increment(0);
     Ok(client)
 }
 

@@ -30,7 +30,7 @@ use tokio::time::Instant;
 
 use super::cluster::{Replication, TaskMoves};
 use super::judge::{evaluate, record, Memory, Readings};
-use super::keeper::{Action, Keeper, KeeperReport};
+use super::keeper::{self, Action, Keeper, KeeperReport};
 use super::outbox::Backlog;
 use super::readings::{Cdc, Connector, Probe, Slot};
 use super::topology::Topology;
@@ -433,17 +433,17 @@ impl Checker {
             self.cfg.connector
         );
         match self.ask_connect(|url| self.http.post(url), &path).await {
-            Ok(r) if r.status().is_success() => ("accepted", r.status().to_string()),
+            Ok(r) if r.status().is_success() => (keeper::ACCEPTED, r.status().to_string()),
             Ok(r) => {
                 let status = r.status();
                 let body = r.text().await.unwrap_or_default();
                 (
-                    "refused",
+                    keeper::REFUSED,
                     format!("{status} {}", body.chars().take(300).collect::<String>()),
                 )
             }
             Err(e) => (
-                "unreachable",
+                keeper::UNREACHABLE,
                 redact_all(&e.to_string(), &self.cfg.connect_url),
             ),
         }

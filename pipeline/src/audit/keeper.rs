@@ -72,8 +72,20 @@ pub struct Keeper {
     last: Option<Restart>,
 }
 
+/// What a restart request came to (`audit_connector_restarts_total{outcome}`): Connect
+/// took it, refused it, or did not answer.
+pub const ACCEPTED: &str = "accepted";
+pub const REFUSED: &str = "refused";
+pub const UNREACHABLE: &str = "unreachable";
+const OUTCOMES: [&str; 3] = [ACCEPTED, REFUSED, UNREACHABLE];
+
 impl Keeper {
     pub fn new(enabled: bool, first: Duration, max: Duration) -> Self {
+        // At 0 from the start, so ChatpipeConnectorRestarting's increase() sees the
+        // first restarts.
+        for outcome in OUTCOMES {
+            metrics::counter!("audit_connector_restarts_total", "outcome" => outcome).increment(0);
+        }
         Self {
             enabled,
             first,

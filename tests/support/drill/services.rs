@@ -291,9 +291,12 @@ impl Services {
 
     /// SIGKILL, as a crash or the OOM killer would.
     /// What an operator's Prometheus would miss on each running service's `/metrics`: a
-    /// metric family without `# HELP`, or no `chatpipe_build_info`. Empty when nothing is.
+    /// metric family without `# HELP`, no `chatpipe_build_info`, or a counter an alert
+    /// reads that no service exports (it must be there at 0 before anything counted it).
+    /// Empty when nothing is.
     pub async fn metric_gaps(&self) -> Vec<String> {
         let mut gaps = Vec::new();
+        let mut exported = std::collections::BTreeSet::new();
         for (name, spec) in &self.specs {
             if !self.running.contains_key(name) {
                 continue;
@@ -310,7 +313,17 @@ impl Services {
                     .into_iter()
                     .map(|m| format!("{name}: {m}")),
             );
+            exported.extend(text.lines().filter_map(|line| {
+                line.strip_prefix("# TYPE ")
+                    .and_then(|rest| rest.split_whitespace().next())
+                    .map(str::to_owned)
+            }));
         }
+        gaps.extend(
+            crate::counters_the_alerts_read()
+                .difference(&exported)
+                .map(|name| format!("an alert reads {name}, which no running service exports")),
+        );
         gaps
     }
 
