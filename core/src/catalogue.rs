@@ -34,6 +34,8 @@ pub const METRICS: &[Entry] = &[
     ("http_connections_open", Gauge, "Client connections open on the HTTP listener."),
     ("http_connections_refused_total", Counter, "Connections refused (503, Retry-After: 1), by reason: total (http.max_connections were open), per_ip (http.max_connections_per_ip from that address)."),
     ("http_connections_dropped_total", Counter, "Refused connections closed unanswered because http.refusing_at_once were being answered already."),
+    ("gateway_deprecated_subprotocol_total", Counter, "WebSocket connections that offered only the subprotocol's old name `chatpipe` (answered for one release; `chatpipe.v1` is current)."),
+    ("http_unversioned_redirects_total", Counter, "Requests for an API path without its /v1 prefix, answered 308 to the versioned path (old clients; the redirects end in the next release)."),
     ("http_connection_timeouts_total", Counter, "Connections closed for sending no request headers within http.header_read_timeout_ms."),
     // ingest-api.
     ("messages_sent_total", Counter, "Messages committed (each with its seq and its outbox event)."),

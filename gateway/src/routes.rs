@@ -16,9 +16,14 @@ use futures::StreamExt;
 use crate::sessions::Sessions;
 use crate::{connection, signals};
 
-/// Browsers cannot set headers on a WebSocket: they offer the token as a subprotocol,
-/// `Sec-WebSocket-Protocol: chatpipe, bearer.<JWT>`; the gateway answers `chatpipe`.
-pub const SUBPROTOCOL: &str = "chatpipe";
+/// The protocol of `docs/protocol.md`, version 1: a client offers it in
+/// `Sec-WebSocket-Protocol` and the gateway answers it. Browsers cannot set headers on a
+/// WebSocket, so they offer the token as a subprotocol beside it:
+/// `Sec-WebSocket-Protocol: chatpipe.v1, bearer.<JWT>`.
+pub const SUBPROTOCOL: &str = "chatpipe.v1";
+/// The same protocol under its name before it was versioned: still answered, for one
+/// release, to a client that offers only it (`gateway_deprecated_subprotocol_total`).
+pub const DEPRECATED_SUBPROTOCOL: &str = "chatpipe";
 const TOKEN_PROTOCOL_PREFIX: &str = "bearer.";
 
 #[derive(Clone)]
@@ -85,6 +90,17 @@ async fn authenticate(keys: &TokenKeys, headers: &HeaderMap) -> Result<Verified,
     }
 }
 
+fn offers_only_the_deprecated_name(headers: &HeaderMap) -> bool {
+    let offered: Vec<&str> = headers
+        .get(header::SEC_WEBSOCKET_PROTOCOL)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .collect();
+    offered.contains(&DEPRECATED_SUBPROTOCOL) && !offered.contains(&SUBPROTOCOL)
+}
+
 /// Closes a freshly upgraded socket with `code` and `reason` (cut to the 123 bytes a
 /// close frame holds).
 async fn close_at_once(mut socket: WebSocket, code: u16, reason: &str) {
@@ -106,7 +122,10 @@ async fn close_at_once(mut socket: WebSocket, code: u16, reason: &str) {
 /// `GET /ws`. A refused token still gets the upgrade, then a close with 4001 and the
 /// reason: a browser sees nothing of a 401 before the upgrade (only 1006).
 async fn ws(State(gw): State<Gateway>, headers: HeaderMap, upgrade: WebSocketUpgrade) -> Response {
-    let upgrade = upgrade.protocols([SUBPROTOCOL]);
+    let upgrade = upgrade.protocols([SUBPROTOCOL, DEPRECATED_SUBPROTOCOL]);
+    if offers_only_the_deprecated_name(&headers) {
+        metrics::counter!("gateway_deprecated_subprotocol_total").increment(1);
+    }
     let token = match authenticate(&gw.keys, &headers).await {
         Ok(token) => token,
         Err(err) => {

@@ -84,7 +84,7 @@ pub enum ClientFrame {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 struct TypingFields {
     #[allow(dead_code)]
     r#type: String,
@@ -92,7 +92,7 @@ struct TypingFields {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 struct AckFields {
     #[allow(dead_code)]
     r#type: String,
@@ -373,6 +373,14 @@ mod tests {
             parse(r#"{"type":"wave","conversationId":7}"#),
             Ok(ClientFrame::Unknown)
         );
+        // A newer client's field is ignored; the frame is applied.
+        assert_eq!(
+            parse(r#"{"type":"ack","conversationId":7,"seq":12,"device":"phone"}"#),
+            Ok(ClientFrame::Ack {
+                conversation: ConversationId::of(7),
+                seq: Seq::of(12)
+            })
+        );
         for bad in [
             "ack",
             "{}",
@@ -380,7 +388,6 @@ mod tests {
             r#"{"type":"ack","conversationId":0,"seq":1}"#,
             r#"{"type":"ack","conversationId":7,"seq":0}"#,
             r#"{"type":"ack","conversationId":"7","seq":1}"#,
-            r#"{"type":"ack","conversationId":7,"seq":1,"extra":true}"#,
             r#"{"type":"typing"}"#,
             r#"{"type":"typing","conversationId":-1}"#,
         ] {

@@ -156,7 +156,28 @@ async fn a_frame_larger_than_the_read_buffer_is_read_and_one_past_the_bound_ends
 async fn a_browser_authenticates_with_the_bearer_subprotocol() {
     let (url, sessions, keys) = start().await;
     let mut request = url.into_client_request().unwrap();
-    let offer = format!("chatpipe, bearer.{}", token(&keys, 20));
+    let offer = format!("chatpipe.v1, bearer.{}", token(&keys, 20));
+    request
+        .headers_mut()
+        .insert("sec-websocket-protocol", offer.parse().unwrap());
+    let (_ws, response) = tokio_tungstenite::connect_async(request)
+        .await
+        .expect("upgrade");
+    assert_eq!(
+        response.headers().get("sec-websocket-protocol").unwrap(),
+        "chatpipe.v1"
+    );
+    online(&sessions, 20).await;
+}
+
+/// A client of the release before the protocol was versioned offers `chatpipe`: it is
+/// still answered with that name for one release, and counted.
+#[tokio::test]
+async fn the_unversioned_subprotocol_is_still_answered_and_counted() {
+    let (url, sessions, keys) = start().await;
+    let before = deprecated_offers();
+    let mut request = url.into_client_request().unwrap();
+    let offer = format!("chatpipe, bearer.{}", token(&keys, 21));
     request
         .headers_mut()
         .insert("sec-websocket-protocol", offer.parse().unwrap());
@@ -167,7 +188,18 @@ async fn a_browser_authenticates_with_the_bearer_subprotocol() {
         response.headers().get("sec-websocket-protocol").unwrap(),
         "chatpipe"
     );
-    online(&sessions, 20).await;
+    online(&sessions, 21).await;
+    assert!(deprecated_offers() > before, "the old name was counted");
+}
+
+/// `gateway_deprecated_subprotocol_total` as this process's recorder renders it.
+fn deprecated_offers() -> f64 {
+    chatpipe_core::telemetry::metrics_handle()
+        .render()
+        .lines()
+        .find_map(|l| l.strip_prefix("gateway_deprecated_subprotocol_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
 }
 
 /// The close a client got: its code and reason, or a panic saying what came instead.
@@ -230,7 +262,7 @@ async fn missing_expired_and_forged_tokens_are_closed_with_4001_and_the_reason()
             "the token's signature does not match",
         ),
         (
-            Some(format!("chatpipe, bearer.{forged}")),
+            Some(format!("chatpipe.v1, bearer.{forged}")),
             None,
             "the token's signature does not match",
         ),

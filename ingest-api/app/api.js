@@ -150,27 +150,27 @@ export class Api {
 
   // ---- conversations ----
   inbox(cursor, limit) {
-    return this.call('GET', '/inbox', { query: { cursor, limit } });
+    return this.call('GET', '/v1/inbox', { query: { cursor, limit } });
   }
   sync(since, limit) {
-    return this.call('GET', '/sync', { query: { since, limit } });
+    return this.call('GET', '/v1/sync', { query: { since, limit } });
   }
   openDirect(peerId) {
-    return this.call('POST', '/direct', { body: { peerId } });
+    return this.call('POST', '/v1/direct', { body: { peerId } });
   }
   createGroup(title, memberIds) {
     const body = { type: 'GROUP', memberIds };
     if (title) body.title = title;
-    return this.call('POST', '/conversations', { body });
+    return this.call('POST', '/v1/conversations', { body });
   }
   members(conversationId) {
-    return this.call('GET', `/conversations/${conversationId}/members`);
+    return this.call('GET', `/v1/conversations/${conversationId}/members`);
   }
 
   // ---- messages ----
   /** `{beforeSeq}` pages back, `{afterSeq}` fills a gap, neither gives the newest. */
   history(conversationId, { beforeSeq, afterSeq, limit } = {}) {
-    return this.call('GET', `/conversations/${conversationId}/messages`, {
+    return this.call('GET', `/v1/conversations/${conversationId}/messages`, {
       query: { beforeSeq, afterSeq, limit },
     });
   }
@@ -185,14 +185,14 @@ export class Api {
     if (mentions.length > 0) payload.mentions = mentions;
     if (threadRootSeq !== null && threadRootSeq !== undefined) payload.threadRootSeq = threadRootSeq;
     return withRetry(() =>
-      this.call('POST', `/conversations/${conversationId}/messages`, { body: payload }),
+      this.call('POST', `/v1/conversations/${conversationId}/messages`, { body: payload }),
     );
   }
 
   // ---- threads (replies) ----
   /** The replies of thread `rootSeq`, ascending, from `afterSeq` on (`hasMore`: page on). */
   threadReplies(conversationId, rootSeq, afterSeq = 0, limit = 200) {
-    return this.call('GET', `/conversations/${conversationId}/messages`, {
+    return this.call('GET', `/v1/conversations/${conversationId}/messages`, {
       query: { threadRootSeq: rootSeq, afterSeq, limit },
     });
   }
@@ -200,44 +200,44 @@ export class Api {
   /** Marks thread `rootSeq` read up to `seq` (forwards only, so retries are safe). */
   readThread(conversationId, rootSeq, seq) {
     return withRetry(() =>
-      this.call('POST', `/conversations/${conversationId}/threads/${rootSeq}/read`, { body: { seq } }),
+      this.call('POST', `/v1/conversations/${conversationId}/threads/${rootSeq}/read`, { body: { seq } }),
     );
   }
 
   /** Follows thread `rootSeq` (or, with `follow` false, stops): `{lastReadSeq, following, unreadThreads}`. */
   followThread(conversationId, rootSeq, follow = true) {
-    return this.call(follow ? 'PUT' : 'DELETE', `/conversations/${conversationId}/threads/${rootSeq}/follow`);
+    return this.call(follow ? 'PUT' : 'DELETE', `/v1/conversations/${conversationId}/threads/${rootSeq}/follow`);
   }
 
   /** Adds (or, with `remove`, takes back) the caller's reaction `key` to a message. */
   react(conversationId, seq, key, remove = false) {
-    const path = `/conversations/${conversationId}/messages/${seq}/reactions/${encodeURIComponent(key)}`;
+    const path = `/v1/conversations/${conversationId}/messages/${seq}/reactions/${encodeURIComponent(key)}`;
     return this.call(remove ? 'DELETE' : 'PUT', path);
   }
 
   /** `level`: all | mentions | none. */
   setNotifications(conversationId, level) {
-    return this.call('PUT', `/conversations/${conversationId}/notifications`, { body: { level } });
+    return this.call('PUT', `/v1/conversations/${conversationId}/notifications`, { body: { level } });
   }
 
   editMessage(conversationId, seq, body) {
-    return this.call('PATCH', `/conversations/${conversationId}/messages/${seq}`, {
+    return this.call('PATCH', `/v1/conversations/${conversationId}/messages/${seq}`, {
       body: { body },
     });
   }
   deleteMessage(conversationId, seq) {
-    return this.call('DELETE', `/conversations/${conversationId}/messages/${seq}`);
+    return this.call('DELETE', `/v1/conversations/${conversationId}/messages/${seq}`);
   }
 
   // ---- read state ----
   /** Moves the read watermark (forwards only, so retries are safe). */
   markRead(conversationId, seq) {
     return withRetry(() =>
-      this.call('POST', `/conversations/${conversationId}/read`, { body: { seq } }),
+      this.call('POST', `/v1/conversations/${conversationId}/read`, { body: { seq } }),
     );
   }
   receipts(conversationId, seq) {
-    return this.call('GET', `/conversations/${conversationId}/messages/${seq}/receipts`);
+    return this.call('GET', `/v1/conversations/${conversationId}/messages/${seq}/receipts`);
   }
 }
 
@@ -315,7 +315,7 @@ export class Gateway {
 
   /** Opens a socket; `previous` (when renewing) is closed once the new one is up. */
   open(previous = null) {
-    const ws = new WebSocket(this.url, ['chatpipe', `bearer.${this.api.token}`]);
+    const ws = new WebSocket(this.url, ['chatpipe.v1', `bearer.${this.api.token}`]);
     let openedAt = 0;
     this.ws = ws;
 

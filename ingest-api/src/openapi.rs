@@ -18,7 +18,9 @@ use utoipa::{IntoResponses, Modify, OpenApi, ToSchema};
             Errors are `application/problem+json` (RFC 9457); each answer's description \
             names the problem `type`s it can carry. An unknown path answers 404 \
             `/problems/not-found`, a known path with another method 405 \
-            `/problems/method-not-allowed`. Reference: docs/api.md; pushes over the \
+            `/problems/method-not-allowed`. Every API path is under `/v1`; an old client's \
+            path without it answers 308 to the same path under `/v1` \
+            (`/problems/moved`, `Deprecation: true`) until the next release. Reference: docs/api.md; pushes over the \
             WebSocket: docs/protocol.md and docs/asyncapi.yaml.",
         license(name = "Apache-2.0", identifier = "Apache-2.0"),
     ),

@@ -58,7 +58,7 @@ impl Sender {
                 n += 1;
                 let body = serde_json::json!({"clientMsgId": uuid::Uuid::new_v4(), "body": format!("steady {n}")});
                 let res = http
-                    .post(format!("{base}/conversations/{conversation}/messages"))
+                    .post(format!("{base}/v1/conversations/{conversation}/messages"))
                     .bearer_auth(&token)
                     .json(&body)
                     .send()

@@ -20,7 +20,7 @@ fn is_message(conversation: i64, seq: i64) -> impl Fn(&Value) -> bool {
 
 /// A sync cursor of bob's, handed out now.
 pub async fn sync_cursor(p: &Pipeline) -> String {
-    p.app.user(BOB).get("/sync").await.expect(200)["nextCursor"]
+    p.app.user(BOB).get("/v1/sync").await.expect(200)["nextCursor"]
         .as_str()
         .expect("a sync cursor")
         .to_owned()
@@ -64,7 +64,7 @@ pub async fn read_reaches(w: &World, new_primary: &Node, load: &Load) {
     w.p.app
         .user(BOB)
         .post(
-            &format!("/conversations/{conversation}/read"),
+            &format!("/v1/conversations/{conversation}/read"),
             serde_json::json!({"seq": to}),
         )
         .await
@@ -177,7 +177,9 @@ pub async fn catch_up_complete(w: &World, report: &Report) {
         let page =
             w.p.app
                 .user(BOB)
-                .get(&format!("/conversations/{c}/messages?afterSeq=0&limit=200"))
+                .get(&format!(
+                    "/v1/conversations/{c}/messages?afterSeq=0&limit=200"
+                ))
                 .await
                 .expect(200);
         let got: BTreeSet<i64> = page["messages"]
@@ -202,14 +204,14 @@ pub async fn old_cursor_stale(p: &Pipeline, cursor: &str) {
     let problem = p
         .app
         .user(BOB)
-        .get(&format!("/sync?since={cursor}"))
+        .get(&format!("/v1/sync?since={cursor}"))
         .await
         .problem(409);
     assert_eq!(problem["type"], "/problems/cursor-stale", "{problem}");
     let fresh = sync_cursor(p).await;
     p.app
         .user(BOB)
-        .get(&format!("/sync?since={fresh}"))
+        .get(&format!("/v1/sync?since={fresh}"))
         .await
         .expect(200);
 }

@@ -35,7 +35,7 @@ impl Load {
             .iter()
             .map(|&c| {
                 let (http, token) = (p.app.http.clone(), p.app.token(sender));
-                let url = format!("{}/conversations/{c}/messages", p.app.base);
+                let url = format!("{}/v1/conversations/{c}/messages", p.app.base);
                 let (stop, acked, failed) = (stop.clone(), acked.clone(), failed.clone());
                 tokio::spawn(async move {
                     let mut n = 0;

@@ -114,7 +114,10 @@ async fn fault_under_sends_loses_nothing_and_invents_nothing(command: &'static s
     // whichever server streams it.
     w.p.app
         .user(ALICE)
-        .delete(&format!("/conversations/{}/members/{CAROL}", w.left_group))
+        .delete(&format!(
+            "/v1/conversations/{}/members/{CAROL}",
+            w.left_group
+        ))
         .await
         .expect(204);
 

@@ -38,11 +38,14 @@ async fn missing_malformed_expired_and_forged_tokens_are_401() {
     ];
     for header in headers {
         let client = app.with_auth(header.clone());
-        let res = client.get("/inbox").await;
+        let res = client.get("/v1/inbox").await;
         let problem = res.problem(401);
         assert_eq!(problem["type"], "/problems/unauthorized", "for {header:?}");
         let res = client
-            .post("/conversations", json!({"type": "GROUP", "memberIds": []}))
+            .post(
+                "/v1/conversations",
+                json!({"type": "GROUP", "memberIds": []}),
+            )
             .await;
         res.problem(401);
     }
@@ -58,75 +61,81 @@ fn base64_url(s: &str) -> String {
 async fn a_valid_token_authenticates_its_subject() {
     let app = spawn_app().await;
     let conv = app.user(77).create_group(&[]).await;
-    let inbox = app.user(77).get("/inbox").await.expect(200);
+    let inbox = app.user(77).get("/v1/inbox").await.expect(200);
     assert_eq!(inbox["conversations"][0]["conversationId"], conv);
 }
 
-/// A request a member could make to each operation under `/conversations/{id}`, by
+/// A request a member could make to each operation under `/v1/conversations/{id}`, by
 /// method and path template: `None` for no body.
 fn conversation_requests(seq: i64) -> BTreeMap<(&'static str, &'static str), Option<Value>> {
     BTreeMap::from([
-        (("get", "/conversations/{id}/messages"), None),
+        (("get", "/v1/conversations/{id}/messages"), None),
         (
-            ("post", "/conversations/{id}/messages"),
+            ("post", "/v1/conversations/{id}/messages"),
             Some(json!({"clientMsgId": uuid::Uuid::new_v4(), "body": "hi"})),
         ),
         (
-            ("patch", "/conversations/{id}/messages/{seq}"),
+            ("patch", "/v1/conversations/{id}/messages/{seq}"),
             Some(json!({"body": "edited"})),
         ),
-        (("delete", "/conversations/{id}/messages/{seq}"), None),
-        (("get", "/conversations/{id}/messages/{seq}/receipts"), None),
+        (("delete", "/v1/conversations/{id}/messages/{seq}"), None),
         (
-            ("post", "/conversations/{id}/read"),
+            ("get", "/v1/conversations/{id}/messages/{seq}/receipts"),
+            None,
+        ),
+        (
+            ("post", "/v1/conversations/{id}/read"),
             Some(json!({"seq": seq})),
         ),
         (
-            ("post", "/conversations/{id}/delivered"),
+            ("post", "/v1/conversations/{id}/delivered"),
             Some(json!({"seq": seq})),
         ),
-        (("get", "/conversations/{id}/members"), None),
+        (("get", "/v1/conversations/{id}/members"), None),
         (
-            ("post", "/conversations/{id}/members"),
+            ("post", "/v1/conversations/{id}/members"),
             Some(json!({"userIds": [666]})),
         ),
         (
-            ("patch", "/conversations/{id}/members/{userId}"),
+            ("patch", "/v1/conversations/{id}/members/{userId}"),
             Some(json!({"role": "ADMIN"})),
         ),
-        (("delete", "/conversations/{id}/members/{userId}"), None),
+        (("delete", "/v1/conversations/{id}/members/{userId}"), None),
         (
-            ("put", "/conversations/{id}/messages/{seq}/reactions/{key}"),
+            (
+                "put",
+                "/v1/conversations/{id}/messages/{seq}/reactions/{key}",
+            ),
             None,
         ),
         (
             (
                 "delete",
-                "/conversations/{id}/messages/{seq}/reactions/{key}",
+                "/v1/conversations/{id}/messages/{seq}/reactions/{key}",
             ),
             None,
         ),
         (
-            ("put", "/conversations/{id}/notifications"),
+            ("put", "/v1/conversations/{id}/notifications"),
             Some(json!({"level": "none"})),
         ),
         (
-            ("put", "/conversations/{id}/threads/{rootSeq}/follow"),
+            ("put", "/v1/conversations/{id}/threads/{rootSeq}/follow"),
             None,
         ),
         (
-            ("delete", "/conversations/{id}/threads/{rootSeq}/follow"),
+            ("delete", "/v1/conversations/{id}/threads/{rootSeq}/follow"),
             None,
         ),
         (
-            ("post", "/conversations/{id}/threads/{rootSeq}/read"),
+            ("post", "/v1/conversations/{id}/threads/{rootSeq}/read"),
             Some(json!({"seq": seq})),
         ),
     ])
 }
 
 /// A non-member gets exactly what an unknown conversation gets, on every operation the
-/// OpenAPI document lists under `/conversations/{id}` (a new one without a request
+/// OpenAPI document lists under `/v1/conversations/{id}` (a new one without a request
 /// here fails the test).
 #[tokio::test]
 async fn a_non_member_is_refused_on_every_conversation_endpoint_as_if_it_did_not_exist() {
@@ -139,7 +148,7 @@ async fn a_non_member_is_refused_on_every_conversation_endpoint_as_if_it_did_not
     let document = app.user(10).get("/openapi.json").await.expect(200);
     let mut documented = BTreeSet::new();
     for (path, item) in document["paths"].as_object().unwrap() {
-        if path.starts_with("/conversations/{id}") {
+        if path.starts_with("/v1/conversations/{id}") {
             for method in item.as_object().unwrap().keys() {
                 documented.insert((method.clone(), path.clone()));
             }
@@ -179,7 +188,7 @@ async fn a_non_member_is_refused_on_every_conversation_endpoint_as_if_it_did_not
             );
         }
     }
-    let inbox = stranger.get("/inbox").await.expect(200);
+    let inbox = stranger.get("/v1/inbox").await.expect(200);
     assert_eq!(inbox["conversations"], json!([]));
     assert_eq!(
         app.count(&format!(
@@ -257,15 +266,15 @@ async fn a_standard_token_without_iat_is_accepted_and_refusals_are_plain_words()
     let bearer = Some(format!("Bearer {standard}"));
     uncapped
         .with_auth(bearer.clone())
-        .get("/inbox")
+        .get("/v1/inbox")
         .await
         .expect(200);
-    let problem = app.with_auth(bearer).get("/inbox").await.problem(401);
+    let problem = app.with_auth(bearer).get("/v1/inbox").await.problem(401);
     assert_eq!(problem["detail"], "the token has no `iat` claim");
     let day = 86_400;
     let full_day = sign(json!({"sub": "42", "iat": now, "exp": now + day}));
     app.with_auth(Some(format!("Bearer {full_day}")))
-        .get("/inbox")
+        .get("/v1/inbox")
         .await
         .expect(200);
 
@@ -309,7 +318,7 @@ async fn a_standard_token_without_iat_is_accepted_and_refusals_are_plain_words()
     for (token, words) in refusals {
         let problem = app
             .with_auth(Some(format!("Bearer {token}")))
-            .get("/inbox")
+            .get("/v1/inbox")
             .await
             .problem(401);
         assert_eq!(problem["detail"], words, "{problem}");

@@ -24,7 +24,7 @@ async fn bad_send_bodies_are_refused_with_the_field_named() {
     let app = spawn_app().await;
     let conv = group_with_one_message(&app).await;
     let alice = app.user(10);
-    let path = format!("/conversations/{conv}/messages");
+    let path = format!("/v1/conversations/{conv}/messages");
     let id = uuid::Uuid::new_v4();
     let long = "ü".repeat(4001);
 
@@ -43,11 +43,6 @@ async fn bad_send_bodies_are_refused_with_the_field_named() {
         (json!({"clientMsgId": id, "body": long}), 422, "body"),
         // PostgreSQL text cannot store it; in a batch it would fail the others' sends.
         (json!({"clientMsgId": id, "body": "a\u{0}b"}), 422, "body"),
-        (
-            json!({"clientMsgId": id, "body": "hi", "sender": 3}),
-            422,
-            "sender",
-        ),
         (json!(["clientMsgId", "body"]), 422, "(body)"),
     ];
     for (body, status, field) in cases {
@@ -62,7 +57,21 @@ async fn bad_send_bodies_are_refused_with_the_field_named() {
         )
         .await
         .expect(201);
-    assert_eq!(app.count("SELECT count(*) FROM message").await, 2);
+    // A field this server does not know (a newer client's, or a forged one) is ignored:
+    // the sender is the token's user, never the body's.
+    alice
+        .post(
+            &path,
+            json!({"clientMsgId": uuid::Uuid::new_v4(), "body": "hi", "sender": 3}),
+        )
+        .await
+        .expect(201);
+    assert_eq!(app.count("SELECT count(*) FROM message").await, 3);
+    assert_eq!(
+        app.count("SELECT count(*) FROM message WHERE sender_id <> 10")
+            .await,
+        0
+    );
 }
 
 #[tokio::test]
@@ -70,7 +79,7 @@ async fn malformed_empty_and_untyped_bodies_are_refused() {
     let app = spawn_app().await;
     let conv = group_with_one_message(&app).await;
     let alice = app.user(10);
-    let path = format!("/conversations/{conv}/messages");
+    let path = format!("/v1/conversations/{conv}/messages");
     let json_ct = Some("application/json");
 
     let problem = alice
@@ -106,7 +115,7 @@ async fn a_request_body_over_the_size_limit_is_413() {
     let body = json!({"clientMsgId": uuid::Uuid::new_v4(), "body": "a".repeat(3000)});
     let problem = app
         .user(10)
-        .post(&format!("/conversations/{conv}/messages"), body)
+        .post(&format!("/v1/conversations/{conv}/messages"), body)
         .await
         .problem(413);
     assert_eq!(problem["type"], "/problems/body-too-large");
@@ -118,7 +127,7 @@ async fn bad_read_requests_are_refused() {
     let app = spawn_app().await;
     let conv = group_with_one_message(&app).await;
     let bob = app.user(20);
-    let path = format!("/conversations/{conv}/read");
+    let path = format!("/v1/conversations/{conv}/read");
     for (body, field) in [
         (json!({"seq": 0}), "seq"),
         (json!({"seq": -4}), "seq"),
@@ -143,53 +152,68 @@ async fn bad_path_and_query_values_are_400_naming_the_parameter() {
     let conv = group_with_one_message(&app).await;
     let alice = app.user(10);
     let cases = [
-        ("/conversations/abc/messages".to_owned(), "id"),
-        ("/conversations/0/messages".to_owned(), "id"),
-        ("/conversations/-1/messages".to_owned(), "id"),
+        ("/v1/conversations/abc/messages".to_owned(), "id"),
+        ("/v1/conversations/0/messages".to_owned(), "id"),
+        ("/v1/conversations/-1/messages".to_owned(), "id"),
         (
-            "/conversations/99999999999999999999/messages".to_owned(),
+            "/v1/conversations/99999999999999999999/messages".to_owned(),
             "id",
         ),
-        (format!("/conversations/{conv}/messages?limit=0"), "limit"),
-        (format!("/conversations/{conv}/messages?limit=201"), "limit"),
-        (format!("/conversations/{conv}/messages?limit=ten"), "limit"),
         (
-            format!("/conversations/{conv}/messages?beforeSeq=0"),
+            format!("/v1/conversations/{conv}/messages?limit=0"),
+            "limit",
+        ),
+        (
+            format!("/v1/conversations/{conv}/messages?limit=201"),
+            "limit",
+        ),
+        (
+            format!("/v1/conversations/{conv}/messages?limit=ten"),
+            "limit",
+        ),
+        (
+            format!("/v1/conversations/{conv}/messages?beforeSeq=0"),
             "beforeSeq",
         ),
         (
-            format!("/conversations/{conv}/messages?beforeSeq=x"),
+            format!("/v1/conversations/{conv}/messages?beforeSeq=x"),
             "beforeSeq",
         ),
         (
-            format!("/conversations/{conv}/messages?afterSeq=-1"),
+            format!("/v1/conversations/{conv}/messages?afterSeq=-1"),
             "afterSeq",
         ),
         (
-            format!("/conversations/{conv}/messages?beforeSeq=3&afterSeq=1"),
+            format!("/v1/conversations/{conv}/messages?beforeSeq=3&afterSeq=1"),
             "afterSeq",
         ),
-        (format!("/conversations/{conv}/messages/0/receipts"), "seq"),
-        (format!("/conversations/{conv}/messages/x/receipts"), "seq"),
-        ("/inbox?limit=1000".to_owned(), "limit"),
-        ("/inbox?cursor=garbage".to_owned(), "cursor"),
+        (
+            format!("/v1/conversations/{conv}/messages/0/receipts"),
+            "seq",
+        ),
+        (
+            format!("/v1/conversations/{conv}/messages/x/receipts"),
+            "seq",
+        ),
+        ("/v1/inbox?limit=1000".to_owned(), "limit"),
+        ("/v1/inbox?cursor=garbage".to_owned(), "cursor"),
         // Well-formed, but out of range: a time PostgreSQL cannot hold, a time past any
         // this API hands out, a conversation id that cannot exist.
         (
-            format!("/inbox?cursor={}", cursor("-9223372036854775807:1")),
+            format!("/v1/inbox?cursor={}", cursor("-9223372036854775807:1")),
             "cursor",
         ),
         (
-            format!("/inbox?cursor={}", cursor("-210000000000000000:1")),
+            format!("/v1/inbox?cursor={}", cursor("-210000000000000000:1")),
             "cursor",
         ),
         (
-            format!("/inbox?cursor={}", cursor("253402300800000000:1")),
+            format!("/v1/inbox?cursor={}", cursor("253402300800000000:1")),
             "cursor",
         ),
-        (format!("/inbox?cursor={}", cursor("1:0")), "cursor"),
+        (format!("/v1/inbox?cursor={}", cursor("1:0")), "cursor"),
         (
-            format!("/inbox?cursor={}", cursor("1:99999999999999999999")),
+            format!("/v1/inbox?cursor={}", cursor("1:99999999999999999999")),
             "cursor",
         ),
     ];
@@ -199,12 +223,12 @@ async fn bad_path_and_query_values_are_400_naming_the_parameter() {
     }
     // A bad path id wins over a bad body.
     let problem = alice
-        .post("/conversations/abc/messages", json!({}))
+        .post("/v1/conversations/abc/messages", json!({}))
         .await
         .problem(400);
     assert_eq!(problem["field"], "id");
     let problem = alice
-        .delete(&format!("/conversations/{conv}/members/zero"))
+        .delete(&format!("/v1/conversations/{conv}/members/zero"))
         .await
         .problem(400);
     assert_eq!(problem["field"], "userId");
@@ -240,7 +264,7 @@ async fn bad_conversation_requests_are_refused() {
         ),
     ] {
         let problem = alice
-            .post("/conversations", body.clone())
+            .post("/v1/conversations", body.clone())
             .await
             .problem(status);
         assert_eq!(problem["field"], field, "for {body}: {problem}");
@@ -250,13 +274,13 @@ async fn bad_conversation_requests_are_refused() {
         (json!({"peerId": "x"}), "peerId"),
         (json!({}), "peerId"),
     ] {
-        let problem = alice.post("/direct", body.clone()).await.problem(422);
+        let problem = alice.post("/v1/direct", body.clone()).await.problem(422);
         assert_eq!(problem["field"], field, "for {body}");
     }
     let conv = alice.create_group(&[20]).await;
     let problem = alice
         .post(
-            &format!("/conversations/{conv}/members"),
+            &format!("/v1/conversations/{conv}/members"),
             json!({"userIds": []}),
         )
         .await
@@ -264,7 +288,7 @@ async fn bad_conversation_requests_are_refused() {
     assert_eq!(problem["field"], "userIds");
     let problem = alice
         .post(
-            &format!("/conversations/{conv}/members"),
+            &format!("/v1/conversations/{conv}/members"),
             json!({"userIds": [5, -5]}),
         )
         .await
@@ -281,8 +305,48 @@ async fn bad_conversation_requests_are_refused() {
 async fn unknown_routes_and_methods_answer_problems() {
     let app = spawn_app().await;
     app.user(10).get("/nope").await.problem(404);
-    let res = app.user(10).delete("/inbox").await;
+    let res = app.user(10).delete("/v1/inbox").await;
     assert_eq!(res.problem(405)["type"], "/problems/method-not-allowed");
+}
+
+/// An old client's unversioned path gets a 308 to the same path under /v1 (query kept,
+/// `Deprecation` set, a problem body saying where), and a client that follows it gets
+/// the real answer: its send committed once, as PostgreSQL's rows show. A path that is
+/// not the API's stays 404.
+#[tokio::test]
+async fn unversioned_paths_redirect_to_v1_for_one_release() {
+    let app = spawn_app().await;
+    let conversation = app.user(10).create_group(&[11]).await;
+    let old = format!("/conversations/{conversation}/messages");
+    let res = app
+        .user(10)
+        .post(
+            &old,
+            json!({"clientMsgId": uuid::Uuid::new_v4(), "body": "hi"}),
+        )
+        .await;
+    assert_eq!(res.headers["location"], format!("/v1{old}").as_str());
+    assert_eq!(res.headers["deprecation"], "true");
+    assert_eq!(res.problem(308)["type"], "/problems/moved");
+    assert_eq!(app.count("SELECT count(*) FROM message").await, 0);
+
+    let res = app.user(10).get("/inbox?limit=5").await;
+    assert_eq!(res.headers["location"], "/v1/inbox?limit=5");
+
+    // reqwest follows a 308 with the method and the body, as browsers do.
+    let following = reqwest::Client::new();
+    let res = following
+        .post(format!("{}{old}", app.base))
+        .bearer_auth(app.token(10))
+        .json(&json!({"clientMsgId": uuid::Uuid::new_v4(), "body": "hi"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 201, "{:?}", res.text().await);
+    assert_eq!(app.count("SELECT count(*) FROM message").await, 1);
+
+    app.user(10).get("/conversationsx").await.problem(404);
+    app.user(10).get("/v2/inbox").await.problem(404);
 }
 
 /// A cursor in the inbox's encoding (base64url of `<micros>:<conversationId>`).

@@ -42,7 +42,7 @@ async fn send_until_answered(
     conversation: i64,
     msg: &serde_json::Value,
 ) -> (u16, i64) {
-    let path = format!("/conversations/{conversation}/messages");
+    let path = format!("/v1/conversations/{conversation}/messages");
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let res = app.user(10).post(&path, msg.clone()).await;
@@ -71,7 +71,7 @@ async fn a_request_past_its_deadline_answers_503_and_its_retry_finds_the_one_mes
     let problem = app
         .user(10)
         .post(
-            &format!("/conversations/{conversation}/messages"),
+            &format!("/v1/conversations/{conversation}/messages"),
             msg.clone(),
         )
         .await
@@ -113,7 +113,7 @@ async fn a_request_that_gets_no_pool_connection_in_time_answers_503() {
     let waiting = {
         let (base, http, token) = (app.base.clone(), app.http.clone(), app.token(10));
         tokio::spawn(async move {
-            http.post(format!("{base}/conversations/{conversation}/messages"))
+            http.post(format!("{base}/v1/conversations/{conversation}/messages"))
                 .bearer_auth(token)
                 .json(&json!({"clientMsgId": uuid::Uuid::new_v4(), "body": "first"}))
                 .send()
@@ -124,13 +124,13 @@ async fn a_request_that_gets_no_pool_connection_in_time_answers_503() {
     };
     until_a_send_waits(&app).await;
 
-    let problem = app.user(20).get("/inbox").await.problem(503);
+    let problem = app.user(20).get("/v1/inbox").await.problem(503);
     assert_eq!(problem["type"], "/problems/unavailable", "{problem}");
     assert!(metrics.sum("db_pool_acquire_timeouts_total", &[]) >= 1.0);
 
     release(held).await;
     assert_eq!(waiting.await.unwrap(), 201, "the waiting send went through");
-    app.user(20).get("/inbox").await.expect(200);
+    app.user(20).get("/v1/inbox").await.expect(200);
 }
 
 /// An address where no broker listens.
@@ -154,7 +154,7 @@ async fn a_receipt_the_broker_does_not_take_in_time_answers_503_and_moves_nothin
     let problem = app
         .user(20)
         .post(
-            &format!("/conversations/{conversation}/read"),
+            &format!("/v1/conversations/{conversation}/read"),
             json!({"seq": 1}),
         )
         .await
@@ -185,7 +185,7 @@ async fn receipts_beyond_the_producer_queue_answer_503_and_are_counted() {
         let (base, http, token) = (app.base.clone(), app.http.clone(), app.token(user));
         tokio::spawn(async move {
             let res = http
-                .post(format!("{base}/conversations/{conversation}/read"))
+                .post(format!("{base}/v1/conversations/{conversation}/read"))
                 .bearer_auth(token)
                 .json(&json!({"seq": 1}))
                 .send()
@@ -235,7 +235,7 @@ async fn a_send_beyond_its_conversations_queue_answers_503_and_its_retry_commits
     let held = hold_conversation(&app, conversation).await;
     // The first send is the writer's batch, waiting for the lock; two more wait in the
     // lane, which is then full.
-    let path = format!("/conversations/{conversation}/messages");
+    let path = format!("/v1/conversations/{conversation}/messages");
     let send = |i: usize| {
         let (base, http, token, path) = (
             app.base.clone(),

@@ -48,12 +48,12 @@ async fn leaving_a_direct_conversation_is_for_good_until_the_leaver_opens_it_aga
     let (alice, bob) = (app.user(10), app.user(20));
     let direct = alice.open_direct(20).await;
     bob.send_message(direct, "hi").await;
-    let before = alice.get("/sync?limit=200").await.expect(200);
+    let before = alice.get("/v1/sync?limit=200").await.expect(200);
     let cursor = before["nextCursor"].as_str().unwrap().to_owned();
 
     // The peer cannot take the leaver out; the leaver can.
     let fixed = bob
-        .delete(&format!("/conversations/{direct}/members/10"))
+        .delete(&format!("/v1/conversations/{direct}/members/10"))
         .await;
     assert_eq!(
         fixed.problem(409)["type"],
@@ -61,7 +61,7 @@ async fn leaving_a_direct_conversation_is_for_good_until_the_leaver_opens_it_aga
     );
     assert_eq!(members_of(&app, direct).await, vec![10, 20]);
     let left = alice
-        .delete(&format!("/conversations/{direct}/members/10"))
+        .delete(&format!("/v1/conversations/{direct}/members/10"))
         .await;
     assert_eq!(left.status, 204, "{:?}", left.body);
     assert_eq!(members_of(&app, direct).await, vec![20]);
@@ -71,10 +71,10 @@ async fn leaving_a_direct_conversation_is_for_good_until_the_leaver_opens_it_aga
     assert_eq!(left_events, 1);
 
     // Gone from the leaver's inbox, and their other devices hear it at the next sync.
-    let inbox = alice.get("/inbox").await.expect(200);
+    let inbox = alice.get("/v1/inbox").await.expect(200);
     assert!(!inbox_ids(&inbox).contains(&direct), "{inbox}");
     let synced = alice
-        .get(&format!("/sync?since={cursor}&limit=200"))
+        .get(&format!("/v1/sync?since={cursor}&limit=200"))
         .await
         .expect(200);
     assert!(
@@ -89,28 +89,31 @@ async fn leaving_a_direct_conversation_is_for_good_until_the_leaver_opens_it_aga
     // peer opening it again.
     let seq = bob.send_message(direct, "are you there?").await;
     assert_eq!(seq, 2);
-    let reopened = bob.post("/direct", json!({"peerId": 10})).await.expect(200);
+    let reopened = bob
+        .post("/v1/direct", json!({"peerId": 10}))
+        .await
+        .expect(200);
     assert_eq!(reopened["conversationId"], direct);
     assert_eq!(reopened["memberCount"], 1);
     assert_eq!(members_of(&app, direct).await, vec![20]);
-    let inbox = alice.get("/inbox").await.expect(200);
+    let inbox = alice.get("/v1/inbox").await.expect(200);
     assert!(!inbox_ids(&inbox).contains(&direct));
     let refused = alice
-        .post(&format!("/conversations/{direct}/messages"), send("x"))
+        .post(&format!("/v1/conversations/{direct}/messages"), send("x"))
         .await;
     assert_eq!(refused.problem(404)["type"], "/problems/not-found");
 
     // The leaver opening it again rejoins, at its last seq: what came meanwhile is in
     // history, not unread.
     let back = alice
-        .post("/direct", json!({"peerId": 20}))
+        .post("/v1/direct", json!({"peerId": 20}))
         .await
         .expect(200);
     assert_eq!(back["conversationId"], direct);
     assert_eq!(back["memberCount"], 2);
     assert_eq!(members_of(&app, direct).await, vec![10, 20]);
     assert_eq!(app.watermark(direct, 10).await, Some(2));
-    let inbox = alice.get("/inbox").await.expect(200);
+    let inbox = alice.get("/v1/inbox").await.expect(200);
     let row = inbox["conversations"]
         .as_array()
         .unwrap()
@@ -120,7 +123,7 @@ async fn leaving_a_direct_conversation_is_for_good_until_the_leaver_opens_it_aga
         .expect("back in the inbox");
     assert_eq!(row["unreadCount"], 0, "{row}");
     let history = alice
-        .get(&format!("/conversations/{direct}/messages"))
+        .get(&format!("/v1/conversations/{direct}/messages"))
         .await
         .expect(200);
     assert_eq!(
@@ -139,20 +142,20 @@ async fn a_block_stops_messages_both_ways_new_directs_and_invitations_until_lift
     let first = mallory.send_message(direct, "hello").await;
     let group = mallory.create_group(&[40]).await;
 
-    assert_eq!(alice.post("/blocks/30", json!({})).await.status, 204);
+    assert_eq!(alice.post("/v1/blocks/30", json!({})).await.status, 204);
     assert_eq!(
-        alice.post("/blocks/30", json!({})).await.status,
+        alice.post("/v1/blocks/30", json!({})).await.status,
         204,
         "again"
     );
-    let list = alice.get("/blocks").await.expect(200);
+    let list = alice.get("/v1/blocks").await.expect(200);
     assert_eq!(list["blocked"][0]["userId"], 30, "{list}");
     assert_eq!(list["blocked"].as_array().unwrap().len(), 1);
-    let own = alice.post("/blocks/10", json!({})).await.problem(400);
+    let own = alice.post("/v1/blocks/10", json!({})).await.problem(400);
     assert_eq!(own["field"], "userId");
 
     // In their DIRECT nobody writes, either way; nothing reaches the database.
-    let path = format!("/conversations/{direct}/messages");
+    let path = format!("/v1/conversations/{direct}/messages");
     let events = "SELECT count(*) FROM outbox WHERE type IN ('message.new', 'message.edited')";
     let events_before = app.count(events).await;
     let problem = blocked(mallory.post(&path, send("still me")).await);
@@ -174,14 +177,14 @@ async fn a_block_stops_messages_both_ways_new_directs_and_invitations_until_lift
 
     // No new DIRECT from the blocked user; the blocker may open one, and still nobody
     // writes in it.
-    app.user(50).post("/blocks/30", json!({})).await;
-    blocked(mallory.post("/direct", json!({"peerId": 50})).await);
+    app.user(50).post("/v1/blocks/30", json!({})).await;
+    blocked(mallory.post("/v1/direct", json!({"peerId": 50})).await);
     let pairs = "SELECT count(*) FROM direct_pair WHERE 50 IN (user_low, user_high)";
     assert_eq!(app.count(pairs).await, 0);
     let opened = app.user(50).open_direct(30).await;
     blocked(
         mallory
-            .post(&format!("/conversations/{opened}/messages"), send("hi"))
+            .post(&format!("/v1/conversations/{opened}/messages"), send("hi"))
             .await,
     );
 
@@ -189,7 +192,7 @@ async fn a_block_stops_messages_both_ways_new_directs_and_invitations_until_lift
     let refused = blocked(
         mallory
             .post(
-                "/conversations",
+                "/v1/conversations",
                 json!({"type": "GROUP", "memberIds": [10, 40]}),
             )
             .await,
@@ -203,7 +206,7 @@ async fn a_block_stops_messages_both_ways_new_directs_and_invitations_until_lift
     blocked(
         mallory
             .post(
-                &format!("/conversations/{group}/members"),
+                &format!("/v1/conversations/{group}/members"),
                 json!({"userIds": [10, 60]}),
             )
             .await,
@@ -212,16 +215,19 @@ async fn a_block_stops_messages_both_ways_new_directs_and_invitations_until_lift
     // Others are still added, by the blocked user too.
     mallory
         .post(
-            &format!("/conversations/{group}/members"),
+            &format!("/v1/conversations/{group}/members"),
             json!({"userIds": [60]}),
         )
         .await
         .expect(200);
 
     // Lifted: they write again.
-    assert_eq!(alice.delete("/blocks/30").await.status, 204);
-    assert_eq!(alice.delete("/blocks/30").await.status, 204, "again");
-    assert_eq!(alice.get("/blocks").await.expect(200)["blocked"], json!([]));
+    assert_eq!(alice.delete("/v1/blocks/30").await.status, 204);
+    assert_eq!(alice.delete("/v1/blocks/30").await.status, 204, "again");
+    assert_eq!(
+        alice.get("/v1/blocks").await.expect(200)["blocked"],
+        json!([])
+    );
     mallory.send_message(direct, "sorry").await;
     assert_eq!(messages_in(&app, direct).await, 2);
 }
@@ -241,7 +247,7 @@ async fn one_user_adding_others_past_members_added_is_429_and_adds_nobody() {
     let creator = app.user(10);
     // A group of six others and four more: ten tokens, the burst.
     let group = creator.create_group(&[21, 22, 23, 24, 25, 26]).await;
-    let members = format!("/conversations/{group}/members");
+    let members = format!("/v1/conversations/{group}/members");
     creator
         .post(&members, json!({"userIds": [27, 28, 29, 30]}))
         .await
@@ -257,7 +263,7 @@ async fn one_user_adding_others_past_members_added_is_429_and_adds_nobody() {
     assert_eq!(over.problem(429)["type"], "/problems/rate-limited");
     let again = creator
         .post(
-            "/conversations",
+            "/v1/conversations",
             json!({"type": "GROUP", "memberIds": [32]}),
         )
         .await;
@@ -275,7 +281,7 @@ async fn one_user_adding_others_past_members_added_is_429_and_adds_nobody() {
     let too_many = app
         .user(11)
         .post(
-            &format!("/conversations/{other}/members"),
+            &format!("/v1/conversations/{other}/members"),
             json!({"userIds": eleven}),
         )
         .await;

@@ -15,7 +15,7 @@ async fn a_group_is_created_with_its_creator_as_a_member() {
     let body = app
         .user(10)
         .post(
-            "/conversations",
+            "/v1/conversations",
             json!({"type": "GROUP", "title": " Team ", "memberIds": [20, 30, 20]}),
         )
         .await
@@ -52,7 +52,7 @@ async fn a_group_holds_at_most_a_thousand_members() {
 
     let problem = owner
         .post(
-            "/conversations",
+            "/v1/conversations",
             json!({"type": "GROUP", "memberIds": too_many}),
         )
         .await
@@ -63,7 +63,7 @@ async fn a_group_holds_at_most_a_thousand_members() {
     let conv = owner.create_group(&full).await;
     let problem = owner
         .post(
-            &format!("/conversations/{conv}/members"),
+            &format!("/v1/conversations/{conv}/members"),
             json!({"userIds": [1001]}),
         )
         .await
@@ -73,7 +73,7 @@ async fn a_group_holds_at_most_a_thousand_members() {
     let conv2 = owner.create_group(&(2..=998).collect::<Vec<_>>()).await;
     owner
         .post(
-            &format!("/conversations/{conv2}/members"),
+            &format!("/v1/conversations/{conv2}/members"),
             json!({"userIds": [2000, 2001, 2002]}),
         )
         .await
@@ -106,7 +106,7 @@ async fn concurrent_additions_never_pass_the_cap() {
     let app = app_without_an_adding_bound().await;
     let owner = app.user(1);
     let conv = owner.create_group(&(2..=990).collect::<Vec<_>>()).await;
-    let path = format!("/conversations/{conv}/members");
+    let path = format!("/v1/conversations/{conv}/members");
     // 20 callers add 1 new user each; only 10 seats are left.
     let responses =
         join_all((0..20).map(|i| owner.post(&path, json!({"userIds": [5000 + i]})))).await;
@@ -141,7 +141,7 @@ async fn a_new_member_starts_with_nothing_unread() {
     }
     let added = owner
         .post(
-            &format!("/conversations/{conv}/members"),
+            &format!("/v1/conversations/{conv}/members"),
             json!({"userIds": [30, 20]}),
         )
         .await
@@ -150,11 +150,11 @@ async fn a_new_member_starts_with_nothing_unread() {
     assert_eq!(added["memberCount"], 3);
     assert_eq!(added["lastReadSeq"], 7);
 
-    let inbox = app.user(30).get("/inbox").await.expect(200);
+    let inbox = app.user(30).get("/v1/inbox").await.expect(200);
     assert_eq!(inbox["conversations"][0]["lastReadSeq"], 7);
     assert_eq!(inbox["conversations"][0]["unreadCount"], 0);
     owner.send_message(conv, "welcome").await;
-    let inbox = app.user(30).get("/inbox").await.expect(200);
+    let inbox = app.user(30).get("/v1/inbox").await.expect(200);
     assert_eq!(inbox["conversations"][0]["unreadCount"], 1);
 }
 
@@ -165,25 +165,25 @@ async fn members_leave_and_only_an_admin_removes_others() {
     let conv = owner.create_group(&[20, 30]).await;
 
     app.user(20)
-        .delete(&format!("/conversations/{conv}/members/30"))
+        .delete(&format!("/v1/conversations/{conv}/members/30"))
         .await
         .problem(403);
     app.user(20)
-        .delete(&format!("/conversations/{conv}/members/20"))
+        .delete(&format!("/v1/conversations/{conv}/members/20"))
         .await
         .expect(204);
     owner
-        .delete(&format!("/conversations/{conv}/members/30"))
+        .delete(&format!("/v1/conversations/{conv}/members/30"))
         .await
         .expect(204);
     owner
-        .delete(&format!("/conversations/{conv}/members/30"))
+        .delete(&format!("/v1/conversations/{conv}/members/30"))
         .await
         .problem(404);
 
     // A former member is a stranger now.
     app.user(20)
-        .get(&format!("/conversations/{conv}/messages"))
+        .get(&format!("/v1/conversations/{conv}/messages"))
         .await
         .problem(404);
     assert_eq!(
@@ -204,7 +204,7 @@ async fn members_leave_and_only_an_admin_removes_others() {
 async fn roles(app: &chatpipe_tests::TestApp, asker: i64, conv: i64) -> Vec<(i64, String)> {
     let body = app
         .user(asker)
-        .get(&format!("/conversations/{conv}/members"))
+        .get(&format!("/v1/conversations/{conv}/members"))
         .await
         .expect(200);
     body["members"]
@@ -244,7 +244,7 @@ async fn only_admins_add_and_remove_others_and_change_roles() {
         vec![admin(creator), member(bob), member(carol)],
         "the creator is admin"
     );
-    let members = format!("/conversations/{conv}/members");
+    let members = format!("/v1/conversations/{conv}/members");
 
     // A member adds nobody, removes nobody else, promotes nobody: 403, nothing written.
     let outbox_before = app.count("SELECT count(*) FROM outbox").await;
@@ -344,7 +344,7 @@ async fn when_the_last_admin_leaves_the_longest_standing_member_becomes_admin() 
     let app = spawn_app().await;
     let (creator, bob, carol, dave) = (10, 20, 30, 40);
     let conv = app.user(creator).create_group(&[carol]).await;
-    let members = format!("/conversations/{conv}/members");
+    let members = format!("/v1/conversations/{conv}/members");
     app.user(creator)
         .post(&members, json!({"userIds": [bob]}))
         .await
@@ -395,14 +395,14 @@ async fn direct_conversations_are_one_per_pair() {
     let app = spawn_app().await;
     let first = app
         .user(10)
-        .post("/direct", json!({"peerId": 20}))
+        .post("/v1/direct", json!({"peerId": 20}))
         .await
         .expect(201);
     assert_eq!(first["type"], "DIRECT");
     assert_eq!(first["peerId"], 20);
     let again = app
         .user(20)
-        .post("/direct", json!({"peerId": 10}))
+        .post("/v1/direct", json!({"peerId": 10}))
         .await
         .expect(200);
     assert_eq!(again["conversationId"], first["conversationId"]);
@@ -411,17 +411,17 @@ async fn direct_conversations_are_one_per_pair() {
     let conv = first["conversationId"].as_i64().unwrap();
     app.user(10)
         .post(
-            &format!("/conversations/{conv}/members"),
+            &format!("/v1/conversations/{conv}/members"),
             json!({"userIds": [30]}),
         )
         .await
         .problem(409);
     app.user(10)
-        .delete(&format!("/conversations/{conv}/members/20"))
+        .delete(&format!("/v1/conversations/{conv}/members/20"))
         .await
         .problem(409);
     app.user(10)
-        .post("/direct", json!({"peerId": 10}))
+        .post("/v1/direct", json!({"peerId": 10}))
         .await
         .problem(422);
 }
@@ -432,7 +432,7 @@ async fn concurrent_direct_opens_for_one_pair_yield_one_conversation() {
     let calls = (0..24).map(|i| {
         let (me, peer) = if i % 2 == 0 { (10, 20) } else { (20, 10) };
         let client = app.user(me);
-        async move { client.post("/direct", json!({"peerId": peer})).await }
+        async move { client.post("/v1/direct", json!({"peerId": peer})).await }
     });
     let responses = join_all(calls).await;
 

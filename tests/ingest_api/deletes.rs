@@ -9,12 +9,12 @@ use futures::future::join_all;
 use serde_json::json;
 
 fn message_path(conv: i64, seq: i64) -> String {
-    format!("/conversations/{conv}/messages/{seq}")
+    format!("/v1/conversations/{conv}/messages/{seq}")
 }
 
 /// `user`'s unread count in `conv` as the inbox answers it.
 async fn unread(app: &TestApp, user: i64, conv: i64) -> i64 {
-    let inbox = app.user(user).get("/inbox?limit=100").await.expect(200);
+    let inbox = app.user(user).get("/v1/inbox?limit=100").await.expect(200);
     let entry = inbox["conversations"]
         .as_array()
         .unwrap()
@@ -66,7 +66,7 @@ async fn the_sender_or_a_group_admin_deletes_others_are_refused_and_the_body_is_
     let by_bob = app
         .user(bob)
         .post(
-            &format!("/conversations/{conv}/messages"),
+            &format!("/v1/conversations/{conv}/messages"),
             json!({"clientMsgId": client_msg_id, "body": "bob's secret"}),
         )
         .await
@@ -93,7 +93,7 @@ async fn the_sender_or_a_group_admin_deletes_others_are_refused_and_the_body_is_
         .await
         .problem(404);
     app.user(bob)
-        .delete(&format!("/conversations/{conv}/messages/0"))
+        .delete(&format!("/v1/conversations/{conv}/messages/0"))
         .await
         .problem(400);
 
@@ -118,7 +118,7 @@ async fn the_sender_or_a_group_admin_deletes_others_are_refused_and_the_body_is_
     let replay = app
         .user(bob)
         .post(
-            &format!("/conversations/{conv}/messages"),
+            &format!("/v1/conversations/{conv}/messages"),
             json!({"clientMsgId": client_msg_id, "body": "bob's secret"}),
         )
         .await
@@ -128,7 +128,7 @@ async fn the_sender_or_a_group_admin_deletes_others_are_refused_and_the_body_is_
     // History: the deleted ones in place, without a body.
     let history = app
         .user(carol)
-        .get(&format!("/conversations/{conv}/messages"))
+        .get(&format!("/v1/conversations/{conv}/messages"))
         .await
         .expect(200);
     let messages = history["messages"].as_array().unwrap();
@@ -159,7 +159,7 @@ async fn the_sender_or_a_group_admin_deletes_others_are_refused_and_the_body_is_
     );
 
     // The inbox's last message says it is deleted and previews nothing.
-    let inbox = app.user(alice).get("/inbox").await.expect(200);
+    let inbox = app.user(alice).get("/v1/inbox").await.expect(200);
     let last = &inbox["conversations"][0]["lastMessage"];
     assert_eq!(last["seq"], by_carol);
     assert_eq!(last["deleted"], true);
@@ -230,7 +230,7 @@ async fn unread_counts_skip_deleted_messages_before_and_after_the_watermark() {
     // A joiner starts past every deleted seq; a new message counts for the others.
     app.user(alice)
         .post(
-            &format!("/conversations/{conv}/members"),
+            &format!("/v1/conversations/{conv}/members"),
             json!({"userIds": [carol]}),
         )
         .await

@@ -18,7 +18,7 @@ async fn delivery_moves_forward_is_clamped_and_never_falls_below_read() {
     for i in 1..=5 {
         app.user(alice).send_message(conv, &format!("m{i}")).await;
     }
-    let path = format!("/conversations/{conv}/delivered");
+    let path = format!("/v1/conversations/{conv}/delivered");
     let ack = |user: i64, seq: i64| {
         let (app, path) = (&app, &path);
         async move { app.user(user).post(path, json!({"seq": seq})).await }
@@ -61,7 +61,7 @@ async fn delivery_moves_forward_is_clamped_and_never_falls_below_read() {
         let app = &app;
         async move {
             app.user(alice)
-                .get(&format!("/conversations/{conv}/messages/{seq}/receipts"))
+                .get(&format!("/v1/conversations/{conv}/messages/{seq}/receipts"))
                 .await
                 .expect(200)
         }
@@ -98,7 +98,7 @@ async fn a_direct_conversation_says_delivered_and_a_joiner_starts_delivered() {
     let app = spawn_app().await;
     let conv = app.user(10).open_direct(20).await;
     let seq = app.user(10).send_message(conv, "hi").await;
-    let path = format!("/conversations/{conv}/messages/{seq}/receipts");
+    let path = format!("/v1/conversations/{conv}/messages/{seq}/receipts");
     let r = app.user(10).get(&path).await.expect(200);
     assert_eq!(
         (r["read"].clone(), r["delivered"].clone()),
@@ -106,7 +106,7 @@ async fn a_direct_conversation_says_delivered_and_a_joiner_starts_delivered() {
     );
     app.user(20)
         .post(
-            &format!("/conversations/{conv}/delivered"),
+            &format!("/v1/conversations/{conv}/delivered"),
             json!({"seq": seq}),
         )
         .await
@@ -122,7 +122,7 @@ async fn a_direct_conversation_says_delivered_and_a_joiner_starts_delivered() {
     app.user(10).send_message(group, "before").await;
     app.user(10)
         .post(
-            &format!("/conversations/{group}/members"),
+            &format!("/v1/conversations/{group}/members"),
             json!({"userIds": [30]}),
         )
         .await

@@ -66,7 +66,7 @@ async fn demo_mode_serves_the_app_and_a_token_that_the_api_accepts() {
     let as_user = app.with_auth(Some(format!("Bearer {token}")));
     let conv = as_user
         .post(
-            "/conversations",
+            "/v1/conversations",
             json!({"type": "GROUP", "title": "demo", "memberIds": []}),
         )
         .await
@@ -75,7 +75,7 @@ async fn demo_mode_serves_the_app_and_a_token_that_the_api_accepts() {
         .unwrap();
     let members = app
         .user(4711)
-        .get(&format!("/conversations/{conv}/members"))
+        .get(&format!("/v1/conversations/{conv}/members"))
         .await
         .expect(200);
     assert!(members.to_string().contains("4711"), "{members}");
@@ -98,7 +98,7 @@ async fn cors_answers_the_allowed_origin_and_no_other() {
     .await;
     let http = reqwest::Client::new();
     let preflight = |origin: &'static str| {
-        http.request(reqwest::Method::OPTIONS, format!("{}/inbox", app.base))
+        http.request(reqwest::Method::OPTIONS, format!("{}/v1/inbox", app.base))
             .header("origin", origin)
             .header("access-control-request-method", "GET")
             .header("access-control-request-headers", "authorization")
@@ -125,7 +125,7 @@ async fn cors_answers_the_allowed_origin_and_no_other() {
     // A real request from the allowed origin carries the header, and Retry-After is
     // readable by the page.
     let res = http
-        .get(format!("{}/inbox", app.base))
+        .get(format!("{}/v1/inbox", app.base))
         .header("origin", "http://localhost:5173")
         .header("authorization", format!("Bearer {}", app.token(10)))
         .send()
@@ -145,7 +145,7 @@ async fn cors_answers_the_allowed_origin_and_no_other() {
     // Without configured origins there is no CORS at all.
     let plain = spawn_app_with(|_| {}).await;
     let res = http
-        .request(reqwest::Method::OPTIONS, format!("{}/inbox", plain.base))
+        .request(reqwest::Method::OPTIONS, format!("{}/v1/inbox", plain.base))
         .header("origin", "http://localhost:5173")
         .header("access-control-request-method", "GET")
         .send()

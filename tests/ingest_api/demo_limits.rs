@@ -53,14 +53,14 @@ async fn a_demo_token_is_refused_once_demo_mode_is_off() {
     assert_eq!(issued["expiresInSecs"], 3600);
     let bearer = format!("Bearer {}", issued["token"].as_str().unwrap());
     demo.with_auth(Some(bearer.clone()))
-        .get("/inbox")
+        .get("/v1/inbox")
         .await
         .expect(200);
     // The same deployment, secret and database, demo mode off.
     let plain = spawn_app_beside(&demo).await;
     let problem = plain
         .with_auth(Some(bearer))
-        .get("/inbox")
+        .get("/v1/inbox")
         .await
         .problem(401);
     assert!(
@@ -68,7 +68,7 @@ async fn a_demo_token_is_refused_once_demo_mode_is_off() {
         "{problem}"
     );
     // Its own tokens still work.
-    plain.user(4711).get("/inbox").await.expect(200);
+    plain.user(4711).get("/v1/inbox").await.expect(200);
 }
 
 #[tokio::test]

@@ -47,7 +47,7 @@ async fn stored(app: &TestApp, conversation: i64) -> HashMap<Uuid, (i64, String)
 async fn sixty_four_sends_at_once_are_one_batch_gapless_with_replays_and_conflicts_answered() {
     let app = spawn_app_waiting_on_held_locks(|_| {}).await;
     let conversation = app.user(10).create_group(&[20]).await;
-    let path = format!("/conversations/{conversation}/messages");
+    let path = format!("/v1/conversations/{conversation}/messages");
     // 64 new messages, 8 repeats of some of them (same body) and 8 reuses of other ids
     // with another body, all at once, while the conversation's lock is held: the first
     // send waits for the lock and everything else queues behind it.
@@ -174,7 +174,7 @@ async fn sends_into_many_conversations_that_wait_for_a_writer_share_one_statemen
             app_ref
                 .user(*user)
                 .post(
-                    &format!("/conversations/{c}/messages"),
+                    &format!("/v1/conversations/{c}/messages"),
                     json!({"clientMsgId": id, "body": format!("from {user}")}),
                 )
                 .await
@@ -231,7 +231,7 @@ async fn two_ingest_api_processes_sending_into_one_conversation_stay_gapless() {
     let first = spawn_app().await;
     let second = spawn_app_beside(&first).await;
     let conversation = first.user(10).create_group(&[20]).await;
-    let path = format!("/conversations/{conversation}/messages");
+    let path = format!("/v1/conversations/{conversation}/messages");
     let sends: Vec<(usize, Uuid)> = (0..100).map(|i| (i, Uuid::new_v4())).collect();
     let (apps, path) = ([&first, &second], &path);
     let answers: Vec<Resp> = join_all(sends.iter().map(|(i, id)| async move {
@@ -256,7 +256,7 @@ async fn two_ingest_api_processes_sending_into_one_conversation_stay_gapless() {
 async fn a_failed_batch_writes_nothing_answers_503_to_each_caller_and_the_retries_commit() {
     let app = spawn_app().await;
     let conversation = app.user(10).create_group(&[20]).await;
-    let path = format!("/conversations/{conversation}/messages");
+    let path = format!("/v1/conversations/{conversation}/messages");
     let sends: Vec<(Uuid, String)> = (0..11).map(|i| (Uuid::new_v4(), format!("m{i}"))).collect();
     let (app_ref, path) = (&app, &path);
     let post = |id: Uuid, body: String| async move {

@@ -10,7 +10,7 @@ async fn the_inbox_lists_newest_activity_first_with_unread_counts_and_previews()
     let group = me.create_group(&[20, 30]).await;
     let direct = app
         .user(40)
-        .post("/direct", json!({"peerId": 10}))
+        .post("/v1/direct", json!({"peerId": 10}))
         .await
         .expect(201)["conversationId"]
         .as_i64()
@@ -21,7 +21,7 @@ async fn the_inbox_lists_newest_activity_first_with_unread_counts_and_previews()
     app.user(40).send_message(direct, &"x".repeat(500)).await;
     app.user(30).send_message(group, "latest news").await;
 
-    let inbox = me.get("/inbox").await.expect(200);
+    let inbox = me.get("/v1/inbox").await.expect(200);
     let rows = inbox["conversations"].as_array().unwrap();
     let order: Vec<i64> = rows
         .iter()
@@ -66,8 +66,8 @@ async fn the_inbox_pages_with_a_keyset_cursor_without_repeats_or_gaps() {
     let mut cursor: Option<String> = None;
     loop {
         let path = match &cursor {
-            Some(c) => format!("/inbox?limit=5&cursor={c}"),
-            None => "/inbox?limit=5".to_owned(),
+            Some(c) => format!("/v1/inbox?limit=5&cursor={c}"),
+            None => "/v1/inbox?limit=5".to_owned(),
         };
         let page = me.get(&path).await.expect(200);
         let rows = page["conversations"].as_array().unwrap();
@@ -96,6 +96,6 @@ async fn the_inbox_pages_with_a_keyset_cursor_without_repeats_or_gaps() {
 async fn the_inbox_shows_only_the_callers_conversations() {
     let app = spawn_app().await;
     app.user(10).create_group(&[20]).await;
-    let inbox = app.user(30).get("/inbox").await.expect(200);
+    let inbox = app.user(30).get("/v1/inbox").await.expect(200);
     assert_eq!(inbox["conversations"], json!([]));
 }

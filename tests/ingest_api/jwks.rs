@@ -24,7 +24,7 @@ async fn app_with_provider(url: &str, refetch_min_ms: u64) -> TestApp {
 
 async fn inbox(app: &TestApp, token: &str) -> Resp {
     app.with_auth(Some(format!("Bearer {token}")))
-        .get("/inbox")
+        .get("/v1/inbox")
         .await
 }
 
@@ -50,7 +50,7 @@ async fn rs256_and_eddsa_tokens_of_a_jwks_are_accepted_across_a_key_rotation() {
     let ed = provider_token(Algorithm::EdDSA, "ed-1", ED, 43);
     assert_eq!(inbox(&app, &ed).await.status, 200);
     // The shared secret's tokens still hold beside them.
-    app.user(44).get("/inbox").await.expect(200);
+    app.user(44).get("/v1/inbox").await.expect(200);
 
     // Rotation: the provider now publishes only rsa-b. Its first token is accepted
     // (the unknown kid fetched the set again); rsa-a's are refused from then on.

@@ -55,25 +55,25 @@ async fn creations_sends_and_member_changes_over_their_bucket_answer_429_with_re
     let conv = alice.create_group(&[20]).await;
     alice.create_group(&[]).await;
     alice
-        .post("/direct", json!({"peerId": 30}))
+        .post("/v1/direct", json!({"peerId": 30}))
         .await
         .expect(201);
     let wait = refused(
         alice
             .post(
-                "/conversations",
+                "/v1/conversations",
                 json!({"type": "GROUP", "memberIds": [40]}),
             )
             .await,
     );
     assert!((50..=60).contains(&wait), "one creation a minute: {wait}");
-    refused(alice.post("/direct", json!({"peerId": 31})).await);
+    refused(alice.post("/v1/direct", json!({"peerId": 31})).await);
     assert_eq!(app.count("SELECT count(*) FROM conversation").await, 3);
     // Another user has a bucket of their own.
     app.user(11).create_group(&[]).await;
 
     // Member changes: 2, then 429; the refused one changed nothing.
-    let members = format!("/conversations/{conv}/members");
+    let members = format!("/v1/conversations/{conv}/members");
     alice
         .post(&members, json!({"userIds": [21]}))
         .await
@@ -89,7 +89,7 @@ async fn creations_sends_and_member_changes_over_their_bucket_answer_429_with_re
     );
 
     // Sends: a burst of 5, then 429 saying to wait a second; after it, sends go through.
-    let messages = format!("/conversations/{conv}/messages");
+    let messages = format!("/v1/conversations/{conv}/messages");
     let send = |id: uuid::Uuid| alice.post(&messages, json!({"clientMsgId": id, "body": "hi"}));
     for _ in 0..5 {
         send(uuid::Uuid::new_v4()).await.expect(201);
@@ -143,7 +143,7 @@ async fn sockets_that_never_finish_their_headers_or_sit_idle_are_closed_while_ot
     let http = unpooled();
     for _ in 0..20 {
         let res = http
-            .get(format!("{}/inbox", app.base))
+            .get(format!("{}/v1/inbox", app.base))
             .bearer_auth(app.token(10))
             .send()
             .await
@@ -184,7 +184,7 @@ async fn a_connection_over_the_cap_is_answered_503_with_retry_after_and_closed()
             let deadline = Instant::now() + Duration::from_secs(10);
             loop {
                 let res = http
-                    .get(format!("{}/inbox", app.base))
+                    .get(format!("{}/v1/inbox", app.base))
                     .bearer_auth(app.token(10))
                     .send()
                     .await
@@ -252,7 +252,7 @@ async fn a_client_over_its_share_of_connections_is_refused_and_another_is_served
     };
     assert_eq!(refused.headers()["retry-after"], "1");
     let res = other
-        .get(format!("{}/inbox", app.base))
+        .get(format!("{}/v1/inbox", app.base))
         .bearer_auth(app.token(10))
         .send()
         .await

@@ -21,7 +21,7 @@ type Model = BTreeMap<i64, (BTreeSet<i64>, bool)>;
 async fn send(app: &TestApp, conv: i64, sender: i64, mentions: &[i64]) -> Value {
     app.user(sender)
         .post(
-            &format!("/conversations/{conv}/messages"),
+            &format!("/v1/conversations/{conv}/messages"),
             json!({"clientMsgId": Uuid::new_v4(), "body": "hey", "mentions": mentions}),
         )
         .await
@@ -29,7 +29,7 @@ async fn send(app: &TestApp, conv: i64, sender: i64, mentions: &[i64]) -> Value 
 }
 
 async fn mention_count(app: &TestApp, user: i64, conv: i64) -> i64 {
-    let inbox = app.user(user).get("/inbox?limit=200").await.expect(200);
+    let inbox = app.user(user).get("/v1/inbox?limit=200").await.expect(200);
     inbox["conversations"]
         .as_array()
         .unwrap()
@@ -155,14 +155,14 @@ async fn mention_counts_stay_exact_under_sends_edits_deletes_and_racing_reads() 
             let sender = senders[seq];
             let list: Vec<i64> = named.iter().copied().collect();
             async move {
-                let path = format!("/conversations/{conv}/messages/{seq}");
+                let path = format!("/v1/conversations/{conv}/messages/{seq}");
                 app.user(sender)
                     .patch(&path, json!({"body": "edited", "mentions": list}))
                     .await
             }
         });
         let delete = async {
-            let path = format!("/conversations/{conv}/messages/{deleted}");
+            let path = format!("/v1/conversations/{conv}/messages/{deleted}");
             app.user(alice).delete(&path).await
         };
         let reads = readers.iter().flat_map(|(user, seq)| {
@@ -208,7 +208,7 @@ async fn mention_counts_stay_exact_under_sends_edits_deletes_and_racing_reads() 
     let history = app
         .user(alice)
         .get(&format!(
-            "/conversations/{conv}/messages?afterSeq=0&limit=200"
+            "/v1/conversations/{conv}/messages?afterSeq=0&limit=200"
         ))
         .await
         .expect(200);
@@ -250,7 +250,7 @@ async fn bad_mentions_are_refused_everyone_is_for_admins_and_leaving_takes_the_m
     let app = spawn_app_with(|s| s.limits.max_mention_all_members = 3).await;
     let (alice, bob, carol, stranger) = (10, 20, 30, 99);
     let conv = app.user(alice).create_group(&[bob, carol]).await;
-    let path = format!("/conversations/{conv}/messages");
+    let path = format!("/v1/conversations/{conv}/messages");
     let body =
         |mentions: Value| json!({"clientMsgId": Uuid::new_v4(), "body": "x", "mentions": mentions});
     for mentions in [
@@ -289,14 +289,14 @@ async fn bad_mentions_are_refused_everyone_is_for_admins_and_leaving_takes_the_m
 
     // @all: for the group's admins (alice made it); a plain member may not. Bob's other
     // device hears of it in its next sync, once.
-    let synced = app.user(bob).get("/sync?limit=200").await.expect(200);
+    let synced = app.user(bob).get("/v1/sync?limit=200").await.expect(200);
     let cursor = synced["nextCursor"].as_str().unwrap().to_owned();
     let everyone = |conv: i64, author: i64| {
         let app = &app;
         async move {
             app.user(author)
                 .post(
-                    &format!("/conversations/{conv}/messages"),
+                    &format!("/v1/conversations/{conv}/messages"),
                     json!({"clientMsgId": Uuid::new_v4(), "body": "@all", "mentionAll": true}),
                 )
                 .await
@@ -310,7 +310,7 @@ async fn bad_mentions_are_refused_everyone_is_for_admins_and_leaving_takes_the_m
     assert_eq!(mention_count(&app, carol, conv).await, 1);
     let changed = app
         .user(bob)
-        .get(&format!("/sync?since={cursor}&limit=200"))
+        .get(&format!("/v1/sync?since={cursor}&limit=200"))
         .await
         .expect(200);
     let entry = &changed["conversations"][0];
@@ -323,7 +323,7 @@ async fn bad_mentions_are_refused_everyone_is_for_admins_and_leaving_takes_the_m
     let again = app
         .user(bob)
         .get(&format!(
-            "/sync?since={}&limit=200",
+            "/v1/sync?since={}&limit=200",
             changed["nextCursor"].as_str().unwrap()
         ))
         .await
@@ -355,13 +355,13 @@ async fn bad_mentions_are_refused_everyone_is_for_admins_and_leaving_takes_the_m
             .map(|m| (m["seq"].as_i64().unwrap(), m["unread"].as_bool().unwrap()))
             .collect()
     };
-    let page = app.user(bob).get("/mentions?limit=2").await.expect(200);
+    let page = app.user(bob).get("/v1/mentions?limit=2").await.expect(200);
     assert_eq!(seqs(&page), vec![(later, true), (all, false)], "{page}");
     assert_eq!(page["mentions"][0]["senderId"], carol);
     let next = app
         .user(bob)
         .get(&format!(
-            "/mentions?limit=2&cursor={}",
+            "/v1/mentions?limit=2&cursor={}",
             page["nextCursor"].as_str().unwrap()
         ))
         .await
@@ -370,27 +370,27 @@ async fn bad_mentions_are_refused_everyone_is_for_admins_and_leaving_takes_the_m
     if let Some(cursor) = next["nextCursor"].as_str() {
         let last = app
             .user(bob)
-            .get(&format!("/mentions?limit=2&cursor={cursor}"))
+            .get(&format!("/v1/mentions?limit=2&cursor={cursor}"))
             .await
             .expect(200);
         assert_eq!(last["mentions"], json!([]), "{last}");
     }
     app.user(bob)
-        .get("/mentions?cursor=nope")
+        .get("/v1/mentions?cursor=nope")
         .await
         .problem(400);
     assert_eq!(mention_count(&app, bob, conv).await, 1);
 
     // Leaving takes the mentions with the membership; coming back starts at none.
     app.user(bob)
-        .delete(&format!("/conversations/{conv}/members/{bob}"))
+        .delete(&format!("/v1/conversations/{conv}/members/{bob}"))
         .await
         .expect(204);
     let rows = app
         .count(&format!("SELECT count(*) FROM message_mention WHERE user_id = {bob} AND conversation_id = {conv}"))
         .await;
     assert_eq!(rows, 0);
-    let mine = app.user(bob).get("/mentions").await.expect(200);
+    let mine = app.user(bob).get("/v1/mentions").await.expect(200);
     assert!(
         mine["mentions"]
             .as_array()
@@ -401,7 +401,7 @@ async fn bad_mentions_are_refused_everyone_is_for_admins_and_leaving_takes_the_m
     );
     app.user(alice)
         .post(
-            &format!("/conversations/{conv}/members"),
+            &format!("/v1/conversations/{conv}/members"),
             json!({"userIds": [bob]}),
         )
         .await

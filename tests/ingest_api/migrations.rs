@@ -83,12 +83,15 @@ async fn history_from_before_deletes_and_sync_is_unread_synced_and_deletable() {
     })
     .await;
     let bob = app.user(20);
-    let inbox = bob.get("/inbox").await.expect(200);
+    let inbox = bob.get("/v1/inbox").await.expect(200);
     assert_eq!(inbox["conversations"][0]["unreadCount"], 2);
 
-    let first = bob.get("/sync").await.expect(200);
+    let first = bob.get("/v1/sync").await.expect(200);
     let cursor = first["nextCursor"].as_str().unwrap();
-    let nothing = bob.get(&format!("/sync?since={cursor}")).await.expect(200);
+    let nothing = bob
+        .get(&format!("/v1/sync?since={cursor}"))
+        .await
+        .expect(200);
     assert_eq!(
         nothing["conversations"],
         serde_json::json!([]),
@@ -97,14 +100,17 @@ async fn history_from_before_deletes_and_sync_is_unread_synced_and_deletable() {
 
     assert_eq!(
         app.user(10)
-            .delete("/conversations/1/messages/3")
+            .delete("/v1/conversations/1/messages/3")
             .await
             .status,
         204
     );
     let seq = app.user(10).send_message(1, "new").await;
     assert_eq!(seq, 4);
-    let page = bob.get(&format!("/sync?since={cursor}")).await.expect(200);
+    let page = bob
+        .get(&format!("/v1/sync?since={cursor}"))
+        .await
+        .expect(200);
     let entry = &page["conversations"][0];
     let seqs: Vec<i64> = entry["messages"]
         .as_array()

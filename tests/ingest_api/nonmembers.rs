@@ -25,7 +25,7 @@ async fn locking_calls(app: &TestApp) -> Vec<i64> {
 
 /// Three accounts, 100 requests each of every kind, at a conversation they are not in.
 async fn flood(app: &TestApp, conv: i64) -> Vec<u16> {
-    let base = format!("/conversations/{conv}");
+    let base = format!("/v1/conversations/{conv}");
     stream::iter((0..300).map(|i| (30 + i % 3, i)))
         .map(|(user, i)| {
             let base = &base;
@@ -110,7 +110,7 @@ async fn a_removed_member_is_refused_at_once() {
     app.user(bob).send_message(conv, "hi").await;
     assert_eq!(
         app.user(bob)
-            .delete(&format!("/conversations/{conv}/members/{bob}"))
+            .delete(&format!("/v1/conversations/{conv}/members/{bob}"))
             .await
             .status,
         204
@@ -118,7 +118,7 @@ async fn a_removed_member_is_refused_at_once() {
     let res = app
         .user(bob)
         .post(
-            &format!("/conversations/{conv}/messages"),
+            &format!("/v1/conversations/{conv}/messages"),
             json!({"clientMsgId": uuid::Uuid::new_v4(), "body": "after leaving"}),
         )
         .await;

@@ -32,7 +32,7 @@ async fn health_and_readiness_answer_without_a_token_and_metrics_only_on_the_adm
     let grew =
         |name: &str, labels: &[&str]| sample(&after, name, labels) - sample(&before, name, labels);
     let send_route = [
-        "route=\"/conversations/{id}/messages\"",
+        "route=\"/v1/conversations/{id}/messages\"",
         "method=\"POST\"",
         "status=\"201\"",
     ];

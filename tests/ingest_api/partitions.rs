@@ -118,7 +118,7 @@ async fn messages_written_before_partitioning_are_all_kept_served_and_extended()
     // History through the API is what the rows say: bodies, edits, deletes.
     let page = app
         .user(20)
-        .get("/conversations/3/messages?afterSeq=0&limit=100")
+        .get("/v1/conversations/3/messages?afterSeq=0&limit=100")
         .await
         .expect(200);
     let served: Vec<(i64, Option<String>, bool, bool)> = page["messages"]

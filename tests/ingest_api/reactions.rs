@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 /// The path of `key` (URL-encoded) on message `seq`.
 fn path(conv: i64, seq: i64, key: &str) -> String {
     let key: String = url::form_urlencoded::byte_serialize(key.as_bytes()).collect();
-    format!("/conversations/{conv}/messages/{seq}/reactions/{key}")
+    format!("/v1/conversations/{conv}/messages/{seq}/reactions/{key}")
 }
 
 /// One key of a message's reactions: `(key, count, me)`.
@@ -85,7 +85,7 @@ async fn reactions_are_idempotent_counted_exactly_and_shown_in_history_and_sync(
     let conv = app.user(alice).create_group(&[bob, carol]).await;
     let m1 = app.user(alice).send_message(conv, "lunch?").await;
     let m2 = app.user(bob).send_message(conv, "yes").await;
-    let first = app.user(alice).get("/sync?limit=200").await.expect(200);
+    let first = app.user(alice).get("/v1/sync?limit=200").await.expect(200);
     let cursor = first["nextCursor"].as_str().unwrap().to_owned();
 
     let put = app.user(bob).put(&path(conv, m1, "👍")).await.expect(200);
@@ -133,7 +133,7 @@ async fn reactions_are_idempotent_counted_exactly_and_shown_in_history_and_sync(
     // History, as alice sees it (she has not reacted to m1; her ❤ on m2 is hers).
     let history = app
         .user(alice)
-        .get(&format!("/conversations/{conv}/messages"))
+        .get(&format!("/v1/conversations/{conv}/messages"))
         .await
         .expect(200);
     let messages = history["messages"].as_array().unwrap();
@@ -185,7 +185,7 @@ async fn reactions_are_idempotent_counted_exactly_and_shown_in_history_and_sync(
     // Sync: both messages changed since alice's cursor, each once, with its reactions.
     let changed = app
         .user(alice)
-        .get(&format!("/sync?since={cursor}&limit=200"))
+        .get(&format!("/v1/sync?since={cursor}&limit=200"))
         .await
         .expect(200);
     let entry = &changed["conversations"][0];
@@ -203,7 +203,7 @@ async fn reactions_are_idempotent_counted_exactly_and_shown_in_history_and_sync(
     let next = changed["nextCursor"].as_str().unwrap();
     let quiet = app
         .user(alice)
-        .get(&format!("/sync?since={next}&limit=200"))
+        .get(&format!("/v1/sync?since={next}&limit=200"))
         .await
         .expect(200);
     assert_eq!(quiet["conversations"], json!([]), "each change once");
@@ -211,7 +211,7 @@ async fn reactions_are_idempotent_counted_exactly_and_shown_in_history_and_sync(
     app.user(bob).put(&path(conv, m2, "🎉")).await.expect(200);
     let later = app
         .user(alice)
-        .get(&format!("/sync?since={next}&limit=200"))
+        .get(&format!("/v1/sync?since={next}&limit=200"))
         .await
         .expect(200);
     let messages = later["conversations"][0]["messages"].as_array().unwrap();
@@ -263,7 +263,7 @@ async fn concurrent_new_keys_stop_at_the_limit_and_a_delete_clears_the_reactions
 
     // The delete takes the reactions with the body; the message takes no more.
     app.user(alice)
-        .delete(&format!("/conversations/{conv}/messages/{seq}"))
+        .delete(&format!("/v1/conversations/{conv}/messages/{seq}"))
         .await
         .expect(204);
     assert_eq!(counted_rows(&app, conv).await, vec![]);
@@ -275,7 +275,7 @@ async fn concurrent_new_keys_stop_at_the_limit_and_a_delete_clears_the_reactions
     assert_eq!(problem["type"], "/problems/message-deleted");
     let history = app
         .user(alice)
-        .get(&format!("/conversations/{conv}/messages"))
+        .get(&format!("/v1/conversations/{conv}/messages"))
         .await
         .expect(200);
     assert!(

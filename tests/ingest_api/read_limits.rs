@@ -48,10 +48,10 @@ async fn every_kind_of_read_takes_from_one_bucket_and_is_refused_with_429_past_i
     for body in ["one", "two", "three"] {
         alice.send_message(conv, body).await;
     }
-    let base = format!("/conversations/{conv}");
+    let base = format!("/v1/conversations/{conv}");
     bob.get(&format!("{base}/messages")).await.expect(200);
-    bob.get("/inbox").await.expect(200);
-    bob.get("/sync").await.expect(200);
+    bob.get("/v1/inbox").await.expect(200);
+    bob.get("/v1/sync").await.expect(200);
     bob.get(&format!("{base}/members")).await.expect(200);
     bob.get(&format!("{base}/messages/1/receipts"))
         .await
@@ -70,8 +70,8 @@ async fn every_kind_of_read_takes_from_one_bucket_and_is_refused_with_429_past_i
     );
     for path in [
         format!("{base}/messages"),
-        "/inbox".into(),
-        "/sync".into(),
+        "/v1/inbox".into(),
+        "/v1/sync".into(),
         format!("{base}/members"),
         format!("{base}/messages/1/receipts"),
     ] {

@@ -30,7 +30,7 @@ async fn the_watermark_never_moves_backwards_clamps_to_last_seq_and_the_sender_h
 
     let app = &app;
     let unread = |user: i64| async move {
-        let inbox = app.user(user).get("/inbox").await.expect(200);
+        let inbox = app.user(user).get("/v1/inbox").await.expect(200);
         inbox["conversations"][0]["unreadCount"].as_i64().unwrap()
     };
     assert_eq!(unread(20).await, 0);
@@ -55,7 +55,7 @@ async fn a_read_of_50_from_a_phone_then_45_from_a_laptop_keeps_50() {
     let late = laptop.mark_read(conv, 45).await;
     assert_eq!(late, json!({"lastReadSeq": 50, "advanced": false}));
 
-    let inbox = app.user(20).get("/inbox").await.expect(200);
+    let inbox = app.user(20).get("/v1/inbox").await.expect(200);
     assert_eq!(inbox["conversations"][0]["lastReadSeq"], 50);
     assert_eq!(inbox["conversations"][0]["unreadCount"], 10);
 }
@@ -109,7 +109,7 @@ async fn concurrent_reads_of_one_member_end_at_the_highest() {
         app.user(10).send_message(conv, "x").await;
     }
     let reader = app.user(20);
-    let path = format!("/conversations/{conv}/read");
+    let path = format!("/v1/conversations/{conv}/read");
     let responses = join_all(
         (1..=40)
             .rev()
@@ -162,7 +162,7 @@ async fn read_by_counts_members_at_or_past_a_seq_in_a_thousand_member_group() {
         let expected = (2..=1000i64).filter(|k| k % 11 >= seq).count() as i64;
         let receipts = app
             .user(500)
-            .get(&format!("/conversations/{conv}/messages/{seq}/receipts"))
+            .get(&format!("/v1/conversations/{conv}/messages/{seq}/receipts"))
             .await
             .expect(200);
         assert_eq!(receipts["readBy"], expected, "seq {seq}");
@@ -183,13 +183,13 @@ async fn a_direct_chat_shows_read_once_the_peer_has_read() {
     let alice = app.user(10);
     let bob = app.user(20);
     let conv = alice
-        .post("/direct", json!({"peerId": 20}))
+        .post("/v1/direct", json!({"peerId": 20}))
         .await
         .expect(201)["conversationId"]
         .as_i64()
         .unwrap();
     let seq = alice.send_message(conv, "are you there?").await;
-    let path = format!("/conversations/{conv}/messages/{seq}/receipts");
+    let path = format!("/v1/conversations/{conv}/messages/{seq}/receipts");
 
     assert_eq!(
         alice.get(&path).await.expect(200)["read"],
@@ -205,7 +205,7 @@ async fn a_direct_chat_shows_read_once_the_peer_has_read() {
     // A seq past the end names no message.
     alice
         .get(&format!(
-            "/conversations/{conv}/messages/{}/receipts",
+            "/v1/conversations/{conv}/messages/{}/receipts",
             seq + 1
         ))
         .await

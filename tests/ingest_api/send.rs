@@ -13,7 +13,7 @@ async fn resending_the_same_client_msg_id_creates_one_message_with_seq_1() {
     let alice = app.user(10);
     let conv = alice.create_group(&[20]).await;
     let msg = json!({"clientMsgId": Uuid::new_v4(), "body": "Hallo Gruppe"});
-    let path = format!("/conversations/{conv}/messages");
+    let path = format!("/v1/conversations/{conv}/messages");
 
     let first = alice.post(&path, msg.clone()).await.expect(201);
     let retry = alice.post(&path, msg).await.expect(200);
@@ -34,7 +34,7 @@ async fn the_same_client_msg_id_with_another_body_is_a_conflict_and_writes_nothi
     let alice = app.user(10);
     let conv = alice.create_group(&[20]).await;
     let id = Uuid::new_v4();
-    let path = format!("/conversations/{conv}/messages");
+    let path = format!("/v1/conversations/{conv}/messages");
     alice
         .post(&path, json!({"clientMsgId": id, "body": "one"}))
         .await
@@ -104,7 +104,7 @@ async fn thirty_two_concurrent_retries_of_one_client_msg_id_make_one_message() {
     let conv = alice.create_group(&[20]).await;
     alice.send_message(conv, "before").await;
     let msg = json!({"clientMsgId": Uuid::new_v4(), "body": "flaky network"});
-    let path = format!("/conversations/{conv}/messages");
+    let path = format!("/v1/conversations/{conv}/messages");
 
     let responses = join_all((0..32).map(|_| alice.post(&path, msg.clone()))).await;
 
@@ -132,7 +132,7 @@ async fn sends_to_a_hundred_conversations_in_parallel_all_succeed() {
     let mut conversations = Vec::new();
     for peer in 100..200 {
         let body = alice
-            .post("/direct", json!({"peerId": peer}))
+            .post("/v1/direct", json!({"peerId": peer}))
             .await
             .expect(201);
         conversations.push(body["conversationId"].as_i64().unwrap());
@@ -167,7 +167,7 @@ async fn a_sent_message_answers_with_its_seq_and_is_in_the_history() {
     let id = Uuid::new_v4();
     let sent = alice
         .post(
-            &format!("/conversations/{conv}/messages"),
+            &format!("/v1/conversations/{conv}/messages"),
             json!({"clientMsgId": id, "body": "grüß dich 👋"}),
         )
         .await
@@ -179,7 +179,7 @@ async fn a_sent_message_answers_with_its_seq_and_is_in_the_history() {
 
     let history = app
         .user(20)
-        .get(&format!("/conversations/{conv}/messages"))
+        .get(&format!("/v1/conversations/{conv}/messages"))
         .await
         .expect(200);
     let m = &history["messages"][0];
@@ -204,7 +204,7 @@ async fn history_pages_backwards_and_fills_gaps_forwards() {
             .map(|m| m["seq"].as_i64().unwrap())
             .collect()
     };
-    let base = format!("/conversations/{conv}/messages");
+    let base = format!("/v1/conversations/{conv}/messages");
 
     let newest = alice.get(&format!("{base}?limit=5")).await.expect(200);
     assert_eq!(seqs(&newest), vec![8, 9, 10, 11, 12]);

@@ -10,8 +10,8 @@ use serde_json::{json, Value};
 
 async fn sync(app: &TestApp, user: i64, since: Option<&str>) -> Value {
     let path = match since {
-        Some(cursor) => format!("/sync?since={cursor}&limit=200"),
-        None => "/sync?limit=200".to_owned(),
+        Some(cursor) => format!("/v1/sync?since={cursor}&limit=200"),
+        None => "/v1/sync?limit=200".to_owned(),
     };
     app.user(user).get(&path).await.expect(200)
 }
@@ -53,7 +53,7 @@ async fn history(app: &TestApp, user: i64, convs: &[i64]) -> Copy {
         let page = app
             .user(user)
             .get(&format!(
-                "/conversations/{conv}/messages?afterSeq=0&limit=200"
+                "/v1/conversations/{conv}/messages?afterSeq=0&limit=200"
             ))
             .await
             .expect(200);
@@ -78,7 +78,7 @@ async fn an_initial_sync_is_the_inbox_and_its_cursor_then_returns_nothing() {
     let first = sync(&app, 20, None).await;
     let entries = first["conversations"].as_array().unwrap();
     assert_eq!(entries.len(), 2);
-    let inbox = app.user(20).get("/inbox").await.expect(200);
+    let inbox = app.user(20).get("/v1/inbox").await.expect(200);
     for (entry, listed) in entries
         .iter()
         .zip(inbox["conversations"].as_array().unwrap())
@@ -158,7 +158,7 @@ async fn sync_after_1000_messages_across_30_conversations_returns_every_change_o
         let earlier = if round == 1 { &older } else { &sent };
         let mut changed: HashMap<(i64, i64), &str> = HashMap::new();
         for (i, &(conv, seq)) in new.iter().chain(earlier).enumerate().step_by(23) {
-            let path = format!("/conversations/{conv}/messages/{seq}");
+            let path = format!("/v1/conversations/{conv}/messages/{seq}");
             // (A deleted message cannot be edited: those get another delete, a no-op
             // that sync must not report.)
             if i % 2 == 0 && !deleted.contains(&(conv, seq)) {
@@ -176,7 +176,7 @@ async fn sync_after_1000_messages_across_30_conversations_returns_every_change_o
         }
         // A message edited, then deleted, in one round: one entry, deleted.
         let (conv, seq) = new[1];
-        let path = format!("/conversations/{conv}/messages/{seq}");
+        let path = format!("/v1/conversations/{conv}/messages/{seq}");
         app.user(alice)
             .patch(&path, json!({"body": "briefly"}))
             .await
@@ -244,7 +244,7 @@ async fn reads_elsewhere_and_membership_changes_reach_the_next_sync() {
     // new one.
     app.user(bob).mark_read(stays, 2).await;
     app.user(alice)
-        .delete(&format!("/conversations/{removed}/members/{bob}"))
+        .delete(&format!("/v1/conversations/{removed}/members/{bob}"))
         .await;
     let added = app.user(alice).create_group(&[bob]).await;
 
@@ -289,7 +289,7 @@ async fn a_cursor_not_handed_to_the_caller_is_400() {
     ] {
         let problem = app
             .user(10)
-            .get(&format!("/sync?since={bad}"))
+            .get(&format!("/v1/sync?since={bad}"))
             .await
             .problem(400);
         assert_eq!(problem["field"], "since", "{bad}");
@@ -297,17 +297,17 @@ async fn a_cursor_not_handed_to_the_caller_is_400() {
     // Another user's cursor is no cursor for bob.
     let problem = app
         .user(20)
-        .get(&format!("/sync?since={alices}"))
+        .get(&format!("/v1/sync?since={alices}"))
         .await
         .problem(400);
     assert_eq!(problem["field"], "since");
     for limit in ["0", "201", "x"] {
         app.user(10)
-            .get(&format!("/sync?limit={limit}"))
+            .get(&format!("/v1/sync?limit={limit}"))
             .await
             .problem(400);
     }
-    app.user(10).get("/sync?sinse=x").await.problem(400);
+    app.user(10).get("/v1/sync?sinse=x").await.problem(400);
 }
 
 /// More changes in a conversation than `limit`: the newest `limit` of them and `hasMore`;
@@ -322,7 +322,7 @@ async fn more_changes_than_the_limit_give_the_newest_and_has_more() {
     }
     let page = app
         .user(20)
-        .get(&format!("/sync?since={since}&limit=5"))
+        .get(&format!("/v1/sync?since={since}&limit=5"))
         .await
         .expect(200);
     let entry = &page["conversations"][0];
@@ -336,7 +336,7 @@ async fn more_changes_than_the_limit_give_the_newest_and_has_more() {
     assert_eq!(entry["hasMore"], true);
     let exactly = app
         .user(20)
-        .get(&format!("/sync?since={since}&limit=8"))
+        .get(&format!("/v1/sync?since={since}&limit=8"))
         .await
         .expect(200);
     assert_eq!(exactly["conversations"][0]["hasMore"], false);

@@ -39,7 +39,7 @@ async fn a_cursor_of_another_timeline_or_cluster_is_stale_and_one_of_this_histor
     app.user(alice)
         .send_message(conv, "before the cursor")
         .await;
-    let first = app.user(bob).get("/sync").await.expect(200);
+    let first = app.user(bob).get("/v1/sync").await.expect(200);
     let cursor = first["nextCursor"].as_str().unwrap().to_owned();
 
     // The cursor names this server's identifier and timeline.
@@ -64,7 +64,7 @@ async fn a_cursor_of_another_timeline_or_cluster_is_stale_and_one_of_this_histor
     for stale in [&promoted, &other_cluster] {
         let problem = app
             .user(bob)
-            .get(&format!("/sync?since={stale}"))
+            .get(&format!("/v1/sync?since={stale}"))
             .await
             .problem(409);
         assert_eq!(problem["type"], "/problems/cursor-stale", "{problem}");
@@ -72,7 +72,7 @@ async fn a_cursor_of_another_timeline_or_cluster_is_stale_and_one_of_this_histor
     // A payload changed on the way (here: its origin cut off) is not a cursor at all.
     let problem = app
         .user(bob)
-        .get(&format!("/sync?since={without_origin}"))
+        .get(&format!("/v1/sync?since={without_origin}"))
         .await
         .problem(400);
     assert_eq!(problem["field"], "since", "{problem}");
@@ -81,7 +81,7 @@ async fn a_cursor_of_another_timeline_or_cluster_is_stale_and_one_of_this_histor
     let seq = app.user(alice).send_message(conv, "after the cursor").await;
     let next = app
         .user(bob)
-        .get(&format!("/sync?since={cursor}"))
+        .get(&format!("/v1/sync?since={cursor}"))
         .await
         .expect(200);
     let entries = next["conversations"].as_array().unwrap();

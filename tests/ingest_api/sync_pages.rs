@@ -31,8 +31,8 @@ async fn app() -> TestApp {
 /// One answer, checked against the bounds.
 async fn answer(app: &TestApp, user: i64, since: Option<&str>) -> Value {
     let path = match since {
-        Some(cursor) => format!("/sync?since={cursor}&limit=200"),
-        None => "/sync?limit=200".to_owned(),
+        Some(cursor) => format!("/v1/sync?since={cursor}&limit=200"),
+        None => "/v1/sync?limit=200".to_owned(),
     };
     let page = app.user(user).get(&path).await.expect(200);
     let entries = page["conversations"].as_array().unwrap();
@@ -158,7 +158,7 @@ async fn a_sync_over_500_conversations_pages_in_bounded_answers_each_change_once
         .await;
     let gone = &convs[100..103];
     for &conv in gone {
-        let path = format!("/conversations/{conv}/members/{bob}");
+        let path = format!("/v1/conversations/{conv}/members/{bob}");
         assert_eq!(app.user(alice).delete(&path).await.status, 204);
     }
 
@@ -177,7 +177,7 @@ async fn a_sync_over_500_conversations_pages_in_bounded_answers_each_change_once
     let edited = *round.iter().find(|(c, _)| *c == convs[0]).unwrap();
     app.user(alice)
         .patch(
-            &format!("/conversations/{}/messages/{}", edited.0, edited.1),
+            &format!("/v1/conversations/{}/messages/{}", edited.0, edited.1),
             json!({"body": "edited meanwhile"}),
         )
         .await
@@ -255,7 +255,7 @@ async fn a_forged_or_borrowed_continuation_is_400() {
     for (user, cursor) in [(bob, forged.as_str()), (alice, rest)] {
         let problem = app
             .user(user)
-            .get(&format!("/sync?since={cursor}"))
+            .get(&format!("/v1/sync?since={cursor}"))
             .await
             .problem(400);
         assert_eq!(problem["field"], "since", "{cursor}");

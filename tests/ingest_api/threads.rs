@@ -106,7 +106,7 @@ const SCAN_SQL: &str = "SELECT m.user_id,
    FROM conversation_member m WHERE m.conversation_id = $1 ORDER BY m.user_id";
 
 async fn inbox_counts(app: &TestApp, user: i64, conv: i64) -> (i64, i64, i64) {
-    let inbox = app.user(user).get("/inbox?limit=10").await.expect(200);
+    let inbox = app.user(user).get("/v1/inbox?limit=10").await.expect(200);
     let entry = inbox["conversations"]
         .as_array()
         .unwrap()
@@ -160,7 +160,7 @@ async fn send(app: &TestApp, conv: i64, sender: i64, root: Option<i64>, named: &
     }
     let sent = app
         .user(sender)
-        .post(&format!("/conversations/{conv}/messages"), body)
+        .post(&format!("/v1/conversations/{conv}/messages"), body)
         .await
         .expect(201);
     assert_eq!(sent["threadRootSeq"].as_i64(), root, "{sent}");
@@ -278,7 +278,7 @@ async fn thread_mention_and_unread_counts_stay_exact_under_a_scripted_mix() {
         let edit_requests = unnamed.iter().map(|seq| {
             let (app, sender) = (&app, model.messages[seq].sender);
             async move {
-                let path = format!("/conversations/{conv}/messages/{seq}");
+                let path = format!("/v1/conversations/{conv}/messages/{seq}");
                 let edited = app
                     .user(sender)
                     .patch(&path, json!({"body": "no one", "mentions": []}))
@@ -290,14 +290,14 @@ async fn thread_mention_and_unread_counts_stay_exact_under_a_scripted_mix() {
         let delete_requests = deletes.iter().map(|seq| {
             let app = &app;
             async move {
-                let path = format!("/conversations/{conv}/messages/{seq}");
+                let path = format!("/v1/conversations/{conv}/messages/{seq}");
                 app.user(alice).delete(&path).await.expect(204);
             }
         });
         let thread_read_requests = thread_reads.iter().map(|(user, root, s)| {
             let app = &app;
             async move {
-                let path = format!("/conversations/{conv}/threads/{root}/read");
+                let path = format!("/v1/conversations/{conv}/threads/{root}/read");
                 app.user(*user)
                     .post(&path, json!({"seq": s}))
                     .await
@@ -311,7 +311,7 @@ async fn thread_mention_and_unread_counts_stay_exact_under_a_scripted_mix() {
         let follow_requests = follows.iter().map(|(user, root, on)| {
             let app = &app;
             async move {
-                let path = format!("/conversations/{conv}/threads/{root}/follow");
+                let path = format!("/v1/conversations/{conv}/threads/{root}/follow");
                 let answer = if *on {
                     app.user(*user).put(&path).await
                 } else {
@@ -354,7 +354,7 @@ async fn thread_mention_and_unread_counts_stay_exact_under_a_scripted_mix() {
     let refused = app
         .user(alice)
         .post(
-            &format!("/conversations/{conv}/messages"),
+            &format!("/v1/conversations/{conv}/messages"),
             json!({"clientMsgId": Uuid::new_v4(), "body": "late", "threadRootSeq": root}),
         )
         .await
@@ -366,7 +366,7 @@ async fn thread_mention_and_unread_counts_stay_exact_under_a_scripted_mix() {
         let page = app
             .user(alice)
             .get(&format!(
-                "/conversations/{conv}/messages?afterSeq={}&limit=1",
+                "/v1/conversations/{conv}/messages?afterSeq={}&limit=1",
                 root - 1
             ))
             .await
@@ -392,7 +392,7 @@ async fn thread_mention_and_unread_counts_stay_exact_under_a_scripted_mix() {
             let page = app
                 .user(alice)
                 .get(&format!(
-                    "/conversations/{conv}/messages?threadRootSeq={root}&afterSeq={after}&limit=50"
+                    "/v1/conversations/{conv}/messages?threadRootSeq={root}&afterSeq={after}&limit=50"
                 ))
                 .await
                 .expect(200);
@@ -432,13 +432,13 @@ async fn a_reply_to_a_reply_a_deleted_root_or_another_conversations_seq_is_refus
     let reply = send(&app, conv, bob, Some(root), &[]).await;
     let gone = app.user(bob).send_message(conv, "gone").await;
     app.user(bob)
-        .delete(&format!("/conversations/{conv}/messages/{gone}"))
+        .delete(&format!("/v1/conversations/{conv}/messages/{gone}"))
         .await
         .expect(204);
     for _ in 0..5 {
         app.user(alice).send_message(other, "elsewhere").await;
     }
-    let path = format!("/conversations/{conv}/messages");
+    let path = format!("/v1/conversations/{conv}/messages");
     let before = app.watermarks(conv, bob).await;
     for (root, says) in [
         (json!(reply), "is a reply"),
@@ -483,7 +483,7 @@ async fn a_reply_to_a_reply_a_deleted_root_or_another_conversations_seq_is_refus
         async move {
             app.user(alice)
                 .post(
-                    &format!("/conversations/{conv}/messages"),
+                    &format!("/v1/conversations/{conv}/messages"),
                     json!({"clientMsgId": Uuid::new_v4(), "body": "b", "threadRootSeq": root}),
                 )
                 .await
@@ -504,7 +504,7 @@ async fn a_reply_to_a_reply_a_deleted_root_or_another_conversations_seq_is_refus
     let first = app.user(bob).post(&path, retried.clone()).await;
     assert_eq!(first.status, 201, "{}", first.body);
     app.user(alice)
-        .delete(&format!("/conversations/{conv}/messages/{root}"))
+        .delete(&format!("/v1/conversations/{conv}/messages/{root}"))
         .await
         .expect(204);
     let again = app.user(bob).post(&path, retried).await;
@@ -561,7 +561,7 @@ async fn thread_reads_are_monotone_and_clamped_follows_are_idempotent_and_member
         async move {
             app.user(u)
                 .post(
-                    &format!("/conversations/{conv}/threads/{root}/read"),
+                    &format!("/v1/conversations/{conv}/threads/{root}/read"),
                     json!({"seq": s}),
                 )
                 .await
@@ -580,7 +580,7 @@ async fn thread_reads_are_monotone_and_clamped_follows_are_idempotent_and_member
         json!({"lastReadSeq": second, "following": true, "unreadThreads": 0})
     );
     // Carol follows: nothing before it is unread to her; the next reply is.
-    let follow = format!("/conversations/{conv}/threads/{root}/follow");
+    let follow = format!("/v1/conversations/{conv}/threads/{root}/follow");
     for _ in 0..2 {
         let on = app.user(carol).put(&follow).await.expect(200);
         assert_eq!(
@@ -596,7 +596,7 @@ async fn thread_reads_are_monotone_and_clamped_follows_are_idempotent_and_member
     assert_eq!(off["following"], false);
     // A message nobody replied to can be followed; then its first reply counts.
     app.user(carol)
-        .put(&format!("/conversations/{conv}/threads/{quiet}/follow"))
+        .put(&format!("/v1/conversations/{conv}/threads/{quiet}/follow"))
         .await
         .expect(200);
     send(&app, conv, bob, Some(quiet), &[]).await;
@@ -631,11 +631,11 @@ async fn thread_reads_are_monotone_and_clamped_follows_are_idempotent_and_member
     app.user(stranger).put(&follow).await.problem(404);
     read(stranger, first).await.problem(404);
     app.user(carol)
-        .put(&format!("/conversations/{conv}/threads/{first}/follow"))
+        .put(&format!("/v1/conversations/{conv}/threads/{first}/follow"))
         .await
         .problem(404);
     app.user(carol)
-        .put(&format!("/conversations/{conv}/threads/999/follow"))
+        .put(&format!("/v1/conversations/{conv}/threads/999/follow"))
         .await
         .problem(404);
     read(alice, 0).await.problem(422);
@@ -650,9 +650,9 @@ async fn sync_carries_replies_and_thread_changes_exactly_once() {
     let sync = |cursor: &str| {
         let app = &app;
         let path = if cursor.is_empty() {
-            "/sync?limit=100".to_owned()
+            "/v1/sync?limit=100".to_owned()
         } else {
-            format!("/sync?since={cursor}&limit=100")
+            format!("/v1/sync?since={cursor}&limit=100")
         };
         async move { app.user(alice).get(&path).await.expect(200) }
     };
@@ -685,7 +685,7 @@ async fn sync_carries_replies_and_thread_changes_exactly_once() {
     // Read on another device: the next sync has the thread's new place.
     app.user(alice)
         .post(
-            &format!("/conversations/{conv}/threads/{root}/read"),
+            &format!("/v1/conversations/{conv}/threads/{root}/read"),
             json!({"seq": reply}),
         )
         .await

@@ -100,7 +100,7 @@ async fn two_fanout_instances_rebalancing_push_every_message_once() {
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                 for (conv, token) in conversations.iter().zip(&tokens) {
                     let res = http
-                        .post(format!("{base}/conversations/{conv}/messages"))
+                        .post(format!("{base}/v1/conversations/{conv}/messages"))
                         .bearer_auth(token)
                         .json(&json!({"clientMsgId": uuid::Uuid::new_v4(), "body": format!("m{rounds}")}))
                         .send()

@@ -100,7 +100,7 @@ async fn a_gateway_killed_and_restarted_loses_no_seq_for_its_clients() {
     }
 
     // The client keeps a sync cursor, as a client that syncs on every reconnect does.
-    let kept = p.app.user(bob).get("/sync").await.expect(200)["nextCursor"]
+    let kept = p.app.user(bob).get("/v1/sync").await.expect(200)["nextCursor"]
         .as_str()
         .unwrap()
         .to_owned();
@@ -118,7 +118,7 @@ async fn a_gateway_killed_and_restarted_loses_no_seq_for_its_clients() {
             .await;
     }
     // Changes to messages bob already has, made while he cannot be told.
-    let message = |seq: i64| format!("/conversations/{conversation}/messages/{seq}");
+    let message = |seq: i64| format!("/v1/conversations/{conversation}/messages/{seq}");
     p.app
         .user(alice)
         .patch(&message(2), serde_json::json!({"body": "m2, edited"}))
@@ -137,7 +137,7 @@ async fn a_gateway_killed_and_restarted_loses_no_seq_for_its_clients() {
     let mut gateway = spawn_gateway(&p, &addr);
     let mut ws = reconnect(&url, &token).await;
     // Catch up as docs/protocol.md says: the inbox, then afterSeq from the last seq held.
-    let inbox = p.app.user(bob).get("/inbox").await.expect(200);
+    let inbox = p.app.user(bob).get("/v1/inbox").await.expect(200);
     let last_seq = inbox["conversations"][0]["lastSeq"].as_i64().unwrap();
     assert_eq!(last_seq, 6, "{inbox}");
     // What each source gave, kept apart: a source that repeated or missed a seq shows.
@@ -148,7 +148,7 @@ async fn a_gateway_killed_and_restarted_loses_no_seq_for_its_clients() {
         .app
         .user(bob)
         .get(&format!(
-            "/conversations/{conversation}/messages?afterSeq={after}"
+            "/v1/conversations/{conversation}/messages?afterSeq={after}"
         ))
         .await
         .expect(200);
@@ -168,7 +168,7 @@ async fn a_gateway_killed_and_restarted_loses_no_seq_for_its_clients() {
     let missed = p
         .app
         .user(bob)
-        .get(&format!("/sync?since={kept}"))
+        .get(&format!("/v1/sync?since={kept}"))
         .await
         .expect(200);
     let entries = missed["conversations"].as_array().unwrap();
@@ -193,7 +193,7 @@ async fn a_gateway_killed_and_restarted_loses_no_seq_for_its_clients() {
     let again = p
         .app
         .user(bob)
-        .get(&format!("/sync?since={next}"))
+        .get(&format!("/v1/sync?since={next}"))
         .await
         .expect(200);
     assert_eq!(again["conversations"], serde_json::json!([]), "once");

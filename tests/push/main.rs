@@ -71,7 +71,7 @@ async fn a_message_reaches_the_other_member_and_a_read_reaches_the_senders_devic
         .app
         .user(alice)
         .post(
-            &format!("/conversations/{conversation}/messages"),
+            &format!("/v1/conversations/{conversation}/messages"),
             serde_json::json!({"clientMsgId": client_msg_id, "body": "hello bob"}),
         )
         .await
@@ -132,7 +132,7 @@ async fn a_read_through_the_receipts_processor_reaches_the_senders_devices() {
         .app
         .user(bob)
         .post(
-            &format!("/conversations/{conversation}/read"),
+            &format!("/v1/conversations/{conversation}/read"),
             serde_json::json!({"seq": seq}),
         )
         .await
@@ -196,7 +196,7 @@ async fn edit_and_delete_pushes_reach_members_only() {
         .await;
 
     let seq = p.app.user(author).send_message(secret, "draft").await;
-    let path = format!("/conversations/{secret}/messages/{seq}");
+    let path = format!("/v1/conversations/{secret}/messages/{seq}");
     p.app
         .user(author)
         .patch(&path, serde_json::json!({"body": "final words"}))
@@ -245,7 +245,7 @@ async fn a_delivery_ack_reaches_the_senders_devices_as_delivery_updated() {
     p.app
         .user(bob)
         .post(
-            &format!("/conversations/{conversation}/delivered"),
+            &format!("/v1/conversations/{conversation}/delivered"),
             serde_json::json!({"seq": seq}),
         )
         .await
@@ -417,7 +417,7 @@ async fn a_1000_member_group_pushes_light_to_its_50_online_members_and_the_rest_
 
     // An offline member catches up: the inbox shows the news, afterSeq brings the body.
     let offline = 500;
-    let inbox = p.app.user(offline).get("/inbox").await.expect(200);
+    let inbox = p.app.user(offline).get("/v1/inbox").await.expect(200);
     let entry = inbox["conversations"]
         .as_array()
         .expect("conversations")
@@ -429,7 +429,7 @@ async fn a_1000_member_group_pushes_light_to_its_50_online_members_and_the_rest_
     let page = p
         .app
         .user(offline)
-        .get(&format!("/conversations/{group}/messages?afterSeq=0"))
+        .get(&format!("/v1/conversations/{group}/messages?afterSeq=0"))
         .await
         .expect(200);
     assert_eq!(page["messages"][0]["body"], "big news", "{page}");

@@ -125,7 +125,7 @@ async fn a_member_removed_while_online_stops_at_member_left_and_one_added_starts
 
     p.app
         .user(alice)
-        .delete(&format!("/conversations/{group}/members/{bob}"))
+        .delete(&format!("/v1/conversations/{group}/members/{bob}"))
         .await
         .expect(204);
     let without_bob = p.app.user(alice).send_message(group, "bob left").await;
@@ -136,7 +136,7 @@ async fn a_member_removed_while_online_stops_at_member_left_and_one_added_starts
     p.app
         .user(alice)
         .post(
-            &format!("/conversations/{group}/members"),
+            &format!("/v1/conversations/{group}/members"),
             serde_json::json!({"userIds": [dave]}),
         )
         .await
@@ -383,7 +383,7 @@ async fn a_changelog_entry_the_broker_refuses_is_written_again_and_holds_the_off
     set_topic_config(&changelog, "max.message.bytes", "1").await;
     p.app
         .user(alice)
-        .delete(&format!("/conversations/{conversation}/members/{carol}"))
+        .delete(&format!("/v1/conversations/{conversation}/members/{carol}"))
         .await
         .expect(204);
     let after = p

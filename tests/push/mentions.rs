@@ -27,7 +27,7 @@ async fn frames_name_the_mentioned_and_a_light_message_sends_them_a_mention() {
         async move {
             app.user(alice)
                 .post(
-                    &format!("/conversations/{conv}/messages"),
+                    &format!("/v1/conversations/{conv}/messages"),
                     json!({"clientMsgId": uuid::Uuid::new_v4(), "body": "@bob look", "mentions": mentions}),
                 )
                 .await
@@ -44,7 +44,7 @@ async fn frames_name_the_mentioned_and_a_light_message_sends_them_a_mention() {
     p.app
         .user(alice)
         .patch(
-            &format!("/conversations/{small}/messages/{seq}"),
+            &format!("/v1/conversations/{small}/messages/{seq}"),
             json!({"body": "look", "mentions": []}),
         )
         .await

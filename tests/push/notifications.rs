@@ -52,7 +52,7 @@ async fn offline_members_are_told_by_their_level_once_per_window_and_never_of_a_
         let app = &p.app;
         async move {
             app.user(user)
-                .put_json(&format!("/conversations/{conv}/notifications"), body)
+                .put_json(&format!("/v1/conversations/{conv}/notifications"), body)
                 .await
                 .expect(200);
         }
@@ -67,7 +67,7 @@ async fn offline_members_are_told_by_their_level_once_per_window_and_never_of_a_
         let app = &p.app;
         async move {
             app.user(user)
-                .post(&format!("/conversations/{conv}/messages"), body)
+                .post(&format!("/v1/conversations/{conv}/messages"), body)
                 .await
                 .expect(201)["seq"]
                 .as_i64()
@@ -108,7 +108,7 @@ async fn offline_members_are_told_by_their_level_once_per_window_and_never_of_a_
     let oops = send(alice, text("oops")).await;
     p.app
         .user(alice)
-        .delete(&format!("/conversations/{conv}/messages/{oops}"))
+        .delete(&format!("/v1/conversations/{conv}/messages/{oops}"))
         .await
         .expect(204);
     p.notifications_until(DEADLINE, |r| {
@@ -259,7 +259,7 @@ async fn the_web_push_example_turns_each_record_into_a_push_the_browser_decrypts
         .app
         .user(alice)
         .post(
-            &format!("/conversations/{conv}/messages"),
+            &format!("/v1/conversations/{conv}/messages"),
             json!({"clientMsgId": uuid::Uuid::new_v4(), "body": "dinner at 8?"}),
         )
         .await

@@ -26,7 +26,7 @@ async fn reactions_reach_chat_events_in_order_and_members_sockets_only() {
     let seq = p.app.user(alice).send_message(group, "ship it?").await;
     let path = |key: &str| {
         let key: String = url::form_urlencoded::byte_serialize(key.as_bytes()).collect();
-        format!("/conversations/{group}/messages/{seq}/reactions/{key}")
+        format!("/v1/conversations/{group}/messages/{seq}/reactions/{key}")
     };
     p.app.user(bob).put(&path("🚀")).await.expect(200);
     p.app.user(alice).put(&path("🚀")).await.expect(200);
@@ -113,7 +113,7 @@ async fn a_large_groups_reactions_coalesce_per_message_and_key_and_the_reactor_h
     let seq = p.app.user(alice).send_message(group, "vote").await;
     let path = |key: &str| {
         let key: String = url::form_urlencoded::byte_serialize(key.as_bytes()).collect();
-        format!("/conversations/{group}/messages/{seq}/reactions/{key}")
+        format!("/v1/conversations/{group}/messages/{seq}/reactions/{key}")
     };
     // Four changes of one key within a moment: add, take back, add again; then dave's.
     p.app.user(bob).put(&path("👍")).await.expect(200);

@@ -27,7 +27,7 @@ async fn a_replys_frame_names_its_root_full_and_light() {
             .app
             .user(alice)
             .post(
-                &format!("/conversations/{conv}/messages"),
+                &format!("/v1/conversations/{conv}/messages"),
                 json!({"clientMsgId": uuid::Uuid::new_v4(), "body": "in the thread",
                        "threadRootSeq": root}),
             )
@@ -54,7 +54,7 @@ async fn a_replys_frame_names_its_root_full_and_light() {
         .app
         .user(carol)
         .post(
-            &format!("/conversations/{large}/messages"),
+            &format!("/v1/conversations/{large}/messages"),
             json!({"clientMsgId": uuid::Uuid::new_v4(), "body": "r", "threadRootSeq": root}),
         )
         .await
@@ -64,7 +64,7 @@ async fn a_replys_frame_names_its_root_full_and_light() {
     p.app
         .user(bob)
         .post(
-            &format!("/conversations/{large}/threads/{root}/read"),
+            &format!("/v1/conversations/{large}/threads/{root}/read"),
             json!({"seq": reply}),
         )
         .await

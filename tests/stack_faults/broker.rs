@@ -274,7 +274,7 @@ async fn broker_fault(fault: Fault) {
         .app
         .user(bob)
         .get(&format!(
-            "/conversations/{conversation}/messages?afterSeq={known}"
+            "/v1/conversations/{conversation}/messages?afterSeq={known}"
         ))
         .await;
     let mut view: std::collections::BTreeSet<i64> = caught_up.body["messages"]
@@ -333,7 +333,7 @@ async fn broker_fault(fault: Fault) {
             .app
             .user(bob)
             .post(
-                &format!("/conversations/{conversation}/read"),
+                &format!("/v1/conversations/{conversation}/read"),
                 serde_json::json!({"seq": after}),
             )
             .await;

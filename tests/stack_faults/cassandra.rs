@@ -52,7 +52,7 @@ async fn a_cassandra_outage_holds_the_archiver_moves_nothing_unarchived_and_503s
         assert!(Instant::now() < deadline, "the 10 messages never moved out");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let older = format!("/conversations/{conversation}/messages?beforeSeq=6&limit=3");
+    let older = format!("/v1/conversations/{conversation}/messages?beforeSeq=6&limit=3");
     let page = p.app.user(2).get(&older).await.expect(200);
     assert_eq!(
         page["messages"][0]["body"], "before 3",
@@ -73,7 +73,7 @@ async fn a_cassandra_outage_holds_the_archiver_moves_nothing_unarchived_and_503s
             p.app
                 .user(1)
                 .delete(&format!(
-                    "/conversations/{conversation}/messages/{}",
+                    "/v1/conversations/{conversation}/messages/{}",
                     sent - 2
                 ))
                 .await
@@ -115,7 +115,9 @@ async fn a_cassandra_outage_holds_the_archiver_moves_nothing_unarchived_and_503s
     let recent = p
         .app
         .user(2)
-        .get(&format!("/conversations/{conversation}/messages?limit=5"))
+        .get(&format!(
+            "/v1/conversations/{conversation}/messages?limit=5"
+        ))
         .await
         .expect(200);
     assert_eq!(recent["messages"][4]["seq"], sent);

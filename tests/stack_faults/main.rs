@@ -84,7 +84,7 @@ async fn kafka_connect_killed_with_sigkill_mid_stream_loses_no_event() {
                         let body =
                             json!({"clientMsgId": uuid::Uuid::new_v4(), "body": format!("m{n}")});
                         let res = http
-                            .post(format!("{base}/conversations/{conv}/messages"))
+                            .post(format!("{base}/v1/conversations/{conv}/messages"))
                             .bearer_auth(&token)
                             .json(&body)
                             .send()

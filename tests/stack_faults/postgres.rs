@@ -35,7 +35,7 @@ async fn a_fast_postgresql_restart_during_a_receipts_window_loses_no_receipt() {
         p.app
             .user(u)
             .post(
-                &format!("/conversations/{conversation}/read"),
+                &format!("/v1/conversations/{conversation}/read"),
                 json!({"seq": u - 1}),
             )
             .await
@@ -71,7 +71,7 @@ async fn a_fast_postgresql_restart_during_a_receipts_window_loses_no_receipt() {
             .app
             .user(alice)
             .post(
-                &format!("/conversations/{conversation}/messages"),
+                &format!("/v1/conversations/{conversation}/messages"),
                 json!({"clientMsgId": uuid::Uuid::new_v4(), "body": "after"}),
             )
             .await;
@@ -146,7 +146,7 @@ async fn every_acknowledged_send_survives_an_immediate_postgresql_crash() {
         let (base, http, token) = (p.app.base.clone(), p.app.http.clone(), p.app.token(alice));
         let (acked, failures, stop) = (acked.clone(), failures.clone(), stop.clone());
         tokio::spawn(async move {
-            let url = format!("{base}/conversations/{conversation}/messages");
+            let url = format!("{base}/v1/conversations/{conversation}/messages");
             let mut n = 0;
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                 n += 1;

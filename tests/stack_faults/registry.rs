@@ -80,7 +80,7 @@ async fn a_registry_outage_is_waited_out_nothing_dead_lettered_nothing_lost() {
     read(&p, dave, conversation, seqs[1]).await;
     p.app
         .user(alice)
-        .delete(&format!("/conversations/{conversation}/members/{carol}"))
+        .delete(&format!("/v1/conversations/{conversation}/members/{carol}"))
         .await
         .expect(204);
     for i in 5..=8 {
@@ -181,7 +181,7 @@ async fn read(p: &chatpipe_tests::stream::Pipeline, user: i64, conversation: i64
     p.app
         .user(user)
         .post(
-            &format!("/conversations/{conversation}/read"),
+            &format!("/v1/conversations/{conversation}/read"),
             json!({"seq": seq}),
         )
         .await

@@ -164,7 +164,7 @@ async fn a_read_goes_through_kafka_as_the_services_principals() {
     }
     let res = bob
         .post(
-            &format!("/conversations/{conv}/read"),
+            &format!("/v1/conversations/{conv}/read"),
             serde_json::json!({"seq": 3}),
         )
         .await;

@@ -34,7 +34,7 @@ async fn conversations_with_history(p: &Pipeline, sizes: &[usize]) -> Vec<i64> {
                 p.app
                     .user(sender)
                     .patch(
-                        &format!("/conversations/{conv}/messages/{seq}"),
+                        &format!("/v1/conversations/{conv}/messages/{seq}"),
                         json!({"body": format!("m{i}, edited")}),
                     )
                     .await
@@ -44,7 +44,7 @@ async fn conversations_with_history(p: &Pipeline, sizes: &[usize]) -> Vec<i64> {
                 let by = if i % 10 == 0 { 1 } else { sender };
                 p.app
                     .user(by)
-                    .delete(&format!("/conversations/{conv}/messages/{seq}"))
+                    .delete(&format!("/v1/conversations/{conv}/messages/{seq}"))
                     .await
                     .expect(204);
             }
@@ -72,14 +72,14 @@ async fn the_archive_equals_postgres_row_by_row_and_a_full_replay_changes_nothin
     p.app
         .user(2)
         .patch(
-            &format!("/conversations/{conv}/messages/1"),
+            &format!("/v1/conversations/{conv}/messages/1"),
             json!({"body": "m1, edited late"}),
         )
         .await
         .expect(200);
     p.app
         .user(3)
-        .delete(&format!("/conversations/{conv}/messages/2"))
+        .delete(&format!("/v1/conversations/{conv}/messages/2"))
         .await
         .expect(204);
     wait_until_archive_equals_postgres(&p, &cql, &conversations, Duration::from_secs(60)).await;
@@ -158,7 +158,7 @@ async fn an_archiver_killed_with_sigkill_mid_stream_ends_equal_to_postgres() {
             for i in 1..=60 {
                 for conv in &conversations {
                     let res = http
-                        .post(format!("{base}/conversations/{conv}/messages"))
+                        .post(format!("{base}/v1/conversations/{conv}/messages"))
                         .bearer_auth(&token)
                         .json(
                             &json!({"clientMsgId": uuid::Uuid::new_v4(), "body": format!("m{i}")}),
@@ -169,7 +169,7 @@ async fn an_archiver_killed_with_sigkill_mid_stream_ends_equal_to_postgres() {
                     assert_eq!(res.status(), 201);
                     if i % 6 == 0 {
                         let res = http
-                            .delete(format!("{base}/conversations/{conv}/messages/{}", i - 3))
+                            .delete(format!("{base}/v1/conversations/{conv}/messages/{}", i - 3))
                             .bearer_auth(&token)
                             .send()
                             .await

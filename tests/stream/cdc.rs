@@ -196,7 +196,7 @@ async fn two_hundred_sends_at_once_through_two_ingest_apis_reach_chat_events_in_
     let p = spawn_pipeline().await;
     let second = p.app_beside().await;
     let conv = p.app.user(10).create_group(&[20]).await;
-    let path = format!("/conversations/{conv}/messages");
+    let path = format!("/v1/conversations/{conv}/messages");
     let (apps, path) = ([&p.app, &second], &path);
     let answers = join_all((0..200usize).map(|i| async move {
         // Even sends through the first process as user 10, odd through the second as 20.
@@ -412,7 +412,7 @@ async fn a_send_rolled_back_at_commit_leaves_no_event_and_no_gap() {
         .app
         .user(1)
         .post(
-            &format!("/conversations/{conv}/messages"),
+            &format!("/v1/conversations/{conv}/messages"),
             serde_json::json!({"clientMsgId": uuid::Uuid::new_v4(), "body": "doomed"}),
         )
         .await
@@ -458,7 +458,7 @@ async fn an_edit_and_a_delete_reach_chat_events_after_their_message() {
     p.app
         .user(10)
         .patch(
-            &format!("/conversations/{conv}/messages/{seq}"),
+            &format!("/v1/conversations/{conv}/messages/{seq}"),
             serde_json::json!({"body": "final"}),
         )
         .await
@@ -466,7 +466,7 @@ async fn an_edit_and_a_delete_reach_chat_events_after_their_message() {
     let deleted = p
         .app
         .user(10)
-        .delete(&format!("/conversations/{conv}/messages/{seq}"))
+        .delete(&format!("/v1/conversations/{conv}/messages/{seq}"))
         .await;
     assert_eq!(deleted.status, 204);
     let key = conv.to_string();
@@ -598,7 +598,7 @@ async fn a_group_with_an_edit_and_a_delete(
     let conv = p.app.user(10).create_group(&[20]).await;
     p.app.user(10).send_message(conv, first).await;
     let deleted_seq = p.app.user(10).send_message(conv, second).await;
-    let message = format!("/conversations/{conv}/messages");
+    let message = format!("/v1/conversations/{conv}/messages");
     let edited = first.replacen(' ', ", ", 1);
     p.app
         .user(10)

@@ -20,7 +20,7 @@ async fn sends_and_adds_racing_the_senders_removal_commit_before_member_left_or_
     p.app
         .user(alice)
         .patch(
-            &format!("/conversations/{conv}/members/{bob}"),
+            &format!("/v1/conversations/{conv}/members/{bob}"),
             json!({"role": "ADMIN"}),
         )
         .await
@@ -35,8 +35,8 @@ async fn sends_and_adds_racing_the_senders_removal_commit_before_member_left_or_
         .execute(&mut *holder)
         .await
         .unwrap();
-    let members = format!("/conversations/{conv}/members");
-    let messages = format!("/conversations/{conv}/messages");
+    let members = format!("/v1/conversations/{conv}/members");
+    let messages = format!("/v1/conversations/{conv}/messages");
     let remove = format!("{members}/{bob}");
     let (alice_client, bob_client) = (p.app.user(alice), p.app.user(bob));
     let removal = alice_client.delete(&remove);

@@ -80,7 +80,7 @@ async fn reads_of_a_non_member_or_an_unknown_conversation_answer_as_a_members_an
     ] {
         let answer = who
             .post(
-                &format!("/conversations/{conversation}/{route}"),
+                &format!("/v1/conversations/{conversation}/{route}"),
                 json!({"seq": 4}),
             )
             .await
@@ -140,13 +140,16 @@ async fn a_removed_members_reads_in_the_window_do_not_land_after_member_left() {
     for (user, seq) in [(carol, 3), (bob, 2), (carol, 5)] {
         p.app
             .user(user)
-            .post(&format!("/conversations/{conv}/read"), json!({"seq": seq}))
+            .post(
+                &format!("/v1/conversations/{conv}/read"),
+                json!({"seq": seq}),
+            )
             .await
             .expect(202);
     }
     p.app
         .user(10)
-        .delete(&format!("/conversations/{conv}/members/{carol}"))
+        .delete(&format!("/v1/conversations/{conv}/members/{carol}"))
         .await
         .expect(204);
 
@@ -182,14 +185,14 @@ async fn a_member_added_has_their_first_read_land() {
     let processor = p.start_receipts(settings);
     let conv = group_with_messages(&p, 5).await;
     let (alice, dave) = (p.app.user(10), p.app.user(40));
-    let read = format!("/conversations/{conv}/read");
+    let read = format!("/v1/conversations/{conv}/read");
     dave.post(&read, json!({"seq": 2})).await.expect(202);
     wait_until_consumed(&group, &p.receipts_topic, CONSUMED).await;
     assert_eq!(p.app.watermark(conv, 40).await, None);
 
     alice
         .post(
-            &format!("/conversations/{conv}/members"),
+            &format!("/v1/conversations/{conv}/members"),
             json!({"userIds": [40]}),
         )
         .await

@@ -98,7 +98,7 @@ async fn a_read_answers_202_and_the_watermark_follows_within_a_window_never_back
     let processor = p.start_receipts(settings);
     let conv = group_with_messages(&p, 60).await;
     let bob = p.app.user(20);
-    let path = format!("/conversations/{conv}/read");
+    let path = format!("/v1/conversations/{conv}/read");
 
     let accepted = bob.post(&path, json!({"seq": 50})).await.expect(202);
     assert_eq!(accepted, json!({"conversationId": conv, "acceptedSeq": 50}));
@@ -113,7 +113,7 @@ async fn a_read_answers_202_and_the_watermark_follows_within_a_window_never_back
         50,
         "45 after 50 keeps 50"
     );
-    let inbox = bob.get("/inbox").await.expect(200);
+    let inbox = bob.get("/v1/inbox").await.expect(200);
     assert_eq!(inbox["conversations"][0]["lastReadSeq"], 50);
     assert_eq!(inbox["conversations"][0]["unreadCount"], 10);
     // Above last_seq: the API sends it on as asked, the flush clamps it.
@@ -196,7 +196,7 @@ async fn a_schema_id_the_registry_does_not_know_yet_is_waited_for_not_dead_lette
     let processor = p.start_receipts(settings);
     p.app
         .user(20)
-        .post(&format!("/conversations/{conv}/read"), json!({"seq": 4}))
+        .post(&format!("/v1/conversations/{conv}/read"), json!({"seq": 4}))
         .await
         .expect(202);
 
@@ -235,7 +235,10 @@ async fn redrive_brings_dead_letters_back_once() {
     for (user, seq) in [(20, 4), (30, 5)] {
         p.app
             .user(user)
-            .post(&format!("/conversations/{conv}/read"), json!({"seq": seq}))
+            .post(
+                &format!("/v1/conversations/{conv}/read"),
+                json!({"seq": seq}),
+            )
             .await
             .expect(202);
     }
@@ -300,7 +303,7 @@ async fn a_garbage_record_goes_to_the_dead_letter_topic_and_later_receipts_still
     produce_raw(&p.receipts_topic, &key, &out_of_range).await;
     p.app
         .user(20)
-        .post(&format!("/conversations/{conv}/read"), json!({"seq": 4}))
+        .post(&format!("/v1/conversations/{conv}/read"), json!({"seq": 4}))
         .await
         .expect(202);
 
@@ -415,7 +418,7 @@ async fn sigkill_after_the_db_commit_and_before_the_offset_commit_changes_nothin
     let conv = group_with_messages(&p, 10).await;
     p.app
         .user(20)
-        .post(&format!("/conversations/{conv}/read"), json!({"seq": 7}))
+        .post(&format!("/v1/conversations/{conv}/read"), json!({"seq": 7}))
         .await
         .expect(202);
     let keep_rows = ("CHATPIPE_OUTBOX__RETAIN_UNTIL_CONFIRMED", "true");
@@ -558,7 +561,7 @@ async fn a_delivery_ack_answers_202_and_the_acks_reader_moves_the_delivery_water
     let acks_group = settings.receipts.acks_group.clone();
     let _processor = p.start_receipts(settings);
     let conv = group_with_messages(&p, 10).await;
-    let path = format!("/conversations/{conv}/delivered");
+    let path = format!("/v1/conversations/{conv}/delivered");
     let accepted = p
         .app
         .user(20)

@@ -38,13 +38,13 @@ async fn fill(app: &TestApp, conv: i64, seqs: std::ops::RangeInclusive<i64>) {
         }
         let seq = app
             .user(sender)
-            .post(&format!("/conversations/{conv}/messages"), message)
+            .post(&format!("/v1/conversations/{conv}/messages"), message)
             .await
             .expect(201)["seq"]
             .as_i64()
             .unwrap();
         assert_eq!(seq, i);
-        let path = format!("/conversations/{conv}/messages/{seq}");
+        let path = format!("/v1/conversations/{conv}/messages/{seq}");
         if i % 7 == 0 {
             let body = json!({"body": format!("m{i}, edited")});
             app.user(sender).patch(&path, body).await.expect(200);
@@ -64,7 +64,7 @@ fn is_reply(seq: i64) -> bool {
 /// ascending seq.
 async fn walk_down(app: &TestApp, conv: i64, limit: i64) -> Vec<Value> {
     let mut all = Vec::new();
-    let mut path = format!("/conversations/{conv}/messages?limit={limit}");
+    let mut path = format!("/v1/conversations/{conv}/messages?limit={limit}");
     loop {
         let page = app.user(1).get(&path).await.expect(200);
         let messages = page["messages"].as_array().unwrap().clone();
@@ -72,7 +72,7 @@ async fn walk_down(app: &TestApp, conv: i64, limit: i64) -> Vec<Value> {
         all.splice(0..0, messages);
         match (page["hasMore"].as_bool().unwrap(), first) {
             (true, Some(first)) => {
-                path = format!("/conversations/{conv}/messages?limit={limit}&beforeSeq={first}")
+                path = format!("/v1/conversations/{conv}/messages?limit={limit}&beforeSeq={first}")
             }
             _ => return all,
         }
@@ -87,7 +87,7 @@ async fn walk_up(app: &TestApp, conv: i64, after: i64, limit: i64) -> Vec<Value>
         let page = app
             .user(1)
             .get(&format!(
-                "/conversations/{conv}/messages?limit={limit}&afterSeq={after}"
+                "/v1/conversations/{conv}/messages?limit={limit}&afterSeq={after}"
             ))
             .await
             .expect(200);
@@ -145,7 +145,7 @@ async fn history_pages_the_same_across_the_tiers_and_archived_messages_change_as
         conversations.push(p.app.user(1).create_group(&[2, 3]).await);
     }
     // Bob syncs before anything is sent, and again after the move (below).
-    let bobs_cursor = p.app.user(2).get("/sync?limit=200").await.expect(200)["nextCursor"]
+    let bobs_cursor = p.app.user(2).get("/v1/sync?limit=200").await.expect(200)["nextCursor"]
         .as_str()
         .unwrap()
         .to_owned();
@@ -217,7 +217,7 @@ async fn history_pages_the_same_across_the_tiers_and_archived_messages_change_as
                 .filter(|m| m["threadRootSeq"] == root)
                 .collect();
             let path =
-                format!("/conversations/{c}/messages?threadRootSeq={root}&afterSeq=0&limit=50");
+                format!("/v1/conversations/{c}/messages?threadRootSeq={root}&afterSeq=0&limit=50");
             let page = p.app.user(1).get(&path).await.expect(200);
             let shown: Vec<&Value> = page["messages"].as_array().unwrap().iter().collect();
             assert_eq!(shown, replies, "thread {root} of conversation {c}");
@@ -230,11 +230,11 @@ async fn history_pages_the_same_across_the_tiers_and_archived_messages_change_as
     let stale = p
         .app
         .user(2)
-        .get(&format!("/sync?since={bobs_cursor}&limit=200"))
+        .get(&format!("/v1/sync?since={bobs_cursor}&limit=200"))
         .await
         .problem(409);
     assert_eq!(stale["type"], "/problems/cursor-stale", "{stale}");
-    let fresh = p.app.user(2).get("/sync?limit=200").await.expect(200);
+    let fresh = p.app.user(2).get("/v1/sync?limit=200").await.expect(200);
     for entry in fresh["conversations"].as_array().unwrap() {
         assert_eq!(entry["hasMore"], true, "{entry}");
     }
@@ -250,7 +250,7 @@ async fn history_pages_the_same_across_the_tiers_and_archived_messages_change_as
     let again = p
         .app
         .user(2)
-        .get(&format!("/sync?since={after}&limit=200"))
+        .get(&format!("/v1/sync?since={after}&limit=200"))
         .await
         .expect(200);
     assert_eq!(again["conversations"], json!([]), "{again}");
@@ -263,7 +263,7 @@ async fn history_pages_the_same_across_the_tiers_and_archived_messages_change_as
         async move {
             app.user(2)
                 .post(
-                    &format!("/conversations/{c}/messages"),
+                    &format!("/v1/conversations/{c}/messages"),
                     json!({"clientMsgId": uuid::Uuid::new_v4(), "body": "late", "threadRootSeq": root}),
                 )
                 .await
@@ -273,7 +273,7 @@ async fn history_pages_the_same_across_the_tiers_and_archived_messages_change_as
     let thread = |query: &'static str| {
         let app = &p.app;
         async move {
-            let path = format!("/conversations/{c}/messages?threadRootSeq=7&{query}");
+            let path = format!("/v1/conversations/{c}/messages?threadRootSeq=7&{query}");
             let page = app.user(1).get(&path).await.expect(200);
             (
                 seqs(page["messages"].as_array().unwrap()),
@@ -302,7 +302,7 @@ async fn a_reply_to_an_archived_root_reaches_its_author(p: &Pipeline, conv: i64)
     p.app
         .user(alice)
         .put_json(
-            &format!("/conversations/{conv}/notifications"),
+            &format!("/v1/conversations/{conv}/notifications"),
             json!({"level": "mentions"}),
         )
         .await
@@ -312,7 +312,7 @@ async fn a_reply_to_an_archived_root_reaches_its_author(p: &Pipeline, conv: i64)
         .app
         .user(carol)
         .post(
-            &format!("/conversations/{conv}/messages"),
+            &format!("/v1/conversations/{conv}/messages"),
             json!({"clientMsgId": uuid::Uuid::new_v4(), "body": "to alice", "threadRootSeq": root}),
         )
         .await
@@ -346,7 +346,7 @@ async fn a_reply_to_an_archived_root_reaches_its_author(p: &Pipeline, conv: i64)
 /// 60), with the same refusals; then both tiers hold the change, and the moved rows
 /// leave PostgreSQL again.
 async fn archived_messages_change_as_hot_ones(p: &Pipeline, conv: i64, before: &[Value]) {
-    let path = |seq: i64| format!("/conversations/{conv}/messages/{seq}");
+    let path = |seq: i64| format!("/v1/conversations/{conv}/messages/{seq}");
     // Seq 1 and 61 are Bob's (seq % 3 == 1), neither edited nor deleted before.
     let cold = p
         .app
@@ -392,7 +392,7 @@ async fn archived_messages_change_as_hot_ones(p: &Pipeline, conv: i64, before: &
         .app
         .user(1)
         .get(&format!(
-            "/conversations/{conv}/messages?afterSeq=0&limit=3"
+            "/v1/conversations/{conv}/messages?afterSeq=0&limit=3"
         ))
         .await
         .expect(200);

@@ -93,7 +93,7 @@ pub async fn wait_for(
     }
 }
 
-/// POSTs `body` to `path` (`/conversations` or `/direct`); returns the conversation id.
+/// POSTs `body` to `path` (`/v1/conversations` or `/v1/direct`); returns the conversation id.
 async fn create_conversation(
     http: &reqwest::Client,
     base: &str,
@@ -127,7 +127,7 @@ pub async fn create_group(
     members: &[i64],
 ) -> anyhow::Result<i64> {
     let body = json!({"type": "GROUP", "memberIds": members});
-    create_conversation(http, base, "/conversations", token, body).await
+    create_conversation(http, base, "/v1/conversations", token, body).await
 }
 
 /// The direct conversation of the caller and `peer`; returns its id.
@@ -137,7 +137,7 @@ pub async fn create_direct(
     token: &str,
     peer: i64,
 ) -> anyhow::Result<i64> {
-    create_conversation(http, base, "/direct", token, json!({"peerId": peer})).await
+    create_conversation(http, base, "/v1/direct", token, json!({"peerId": peer})).await
 }
 
 /// Sends one message; returns its seq and the moment the 201 (the commit) arrived.
@@ -148,7 +148,7 @@ pub async fn send(
     conv: i64,
 ) -> anyhow::Result<(i64, Instant)> {
     let res = http
-        .post(format!("{base}/conversations/{conv}/messages"))
+        .post(format!("{base}/v1/conversations/{conv}/messages"))
         .bearer_auth(token)
         .json(&json!({"clientMsgId": uuid::Uuid::new_v4(), "body": "latency probe"}))
         .send()

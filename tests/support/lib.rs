@@ -305,9 +305,11 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
         admin,
         pool,
         // Far above the app's own request timeout: a request that hangs fails the test
-        // with its URL instead of hanging it.
+        // with its URL instead of hanging it. Redirects are not followed: a test asking
+        // for an unversioned path sees the 308 it gets.
         http: reqwest::Client::builder()
             .timeout(Duration::from_secs(60))
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .expect("HTTP client"),
         keys,
@@ -574,7 +576,7 @@ impl Client<'_> {
     /// Opens the DIRECT conversation with `peer` (new: 201); returns its id.
     pub async fn open_direct(&self, peer: i64) -> i64 {
         let body = self
-            .post("/direct", serde_json::json!({"peerId": peer}))
+            .post("/v1/direct", serde_json::json!({"peerId": peer}))
             .await
             .expect(201);
         body["conversationId"].as_i64().expect("conversationId")
@@ -584,7 +586,7 @@ impl Client<'_> {
     pub async fn create_group(&self, members: &[i64]) -> i64 {
         let body = self
             .post(
-                "/conversations",
+                "/v1/conversations",
                 serde_json::json!({"type": "GROUP", "title": "test", "memberIds": members}),
             )
             .await
@@ -596,7 +598,7 @@ impl Client<'_> {
     pub async fn send_message(&self, conversation: i64, body: &str) -> i64 {
         let res = self
             .post(
-                &format!("/conversations/{conversation}/messages"),
+                &format!("/v1/conversations/{conversation}/messages"),
                 serde_json::json!({"clientMsgId": uuid::Uuid::new_v4(), "body": body}),
             )
             .await
@@ -606,7 +608,7 @@ impl Client<'_> {
 
     pub async fn mark_read(&self, conversation: i64, seq: i64) -> Value {
         self.post(
-            &format!("/conversations/{conversation}/read"),
+            &format!("/v1/conversations/{conversation}/read"),
             serde_json::json!({"seq": seq}),
         )
         .await

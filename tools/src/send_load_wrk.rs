@@ -53,7 +53,7 @@ function request()
   local token = tokens[(n % #tokens) + 1]
   local conversation = conversations[(n % #conversations) + 1]
   n = n + step
-  return wrk.format("POST", "/conversations/" .. conversation .. "/messages",
+  return wrk.format("POST", "/v1/conversations/" .. conversation .. "/messages",
     {{["Authorization"] = "Bearer " .. token, ["Content-Type"] = "application/json"}},
     '{{"clientMsgId":"' .. uuid() .. '"' .. body)
 end

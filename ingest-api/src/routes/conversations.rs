@@ -13,7 +13,7 @@ use crate::state::AppState;
 use crate::store::conversations as store;
 
 #[derive(Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 pub struct CreateConversation {
     #[serde(rename = "type")]
     kind: String,
@@ -68,7 +68,7 @@ pub async fn create(
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 pub struct OpenDirect {
     peer_id: i64,
 }
@@ -112,7 +112,7 @@ pub async fn open_direct(
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 pub struct AddMembers {
     user_ids: Vec<i64>,
 }
@@ -225,7 +225,7 @@ pub struct MembersList {
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 pub struct SetRole {
     role: String,
 }

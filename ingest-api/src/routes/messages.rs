@@ -18,7 +18,7 @@ use crate::store::send::{Outgoing, SendError, SendOutcome};
 use crate::store::threads;
 
 #[derive(Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 pub struct SendMessage {
     client_msg_id: Uuid,
     body: String,
@@ -116,7 +116,7 @@ pub struct HistoryQuery {
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 pub struct EditMessage {
     body: String,
     /// The members the message names from now on; absent (and no `mentionAll`): they

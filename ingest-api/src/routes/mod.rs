@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use axum::error_handling::HandleErrorLayer;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
-use axum::http::StatusCode;
+use axum::http::{header, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -31,12 +31,18 @@ pub mod reads;
 pub mod sync;
 pub mod threads;
 
+/// The version of the API's paths: every API route is under it (`/v1/conversations`).
+/// The operations routes (`/healthz`, `/readyz`, `/openapi.json`) and the demo's are not.
+pub const VERSION_PREFIX: &str = "/v1";
+
 /// Every route of the API, with the request deadline on the API routes, the body limit,
 /// and per-route counting and logging on all of them, and `GET /openapi.json`. Each
-/// route comes with its OpenAPI operation ([`documented`]).
+/// route comes with its OpenAPI operation ([`documented`]). An API path without its
+/// version answers 308 to the versioned one ([`Unversioned`]).
 pub fn router(state: AppState, request_timeout: Duration) -> Router {
     let max_request_bytes = state.max_request_bytes;
     let (api, operations) = documented(state.demo.is_some());
+    let unversioned = Unversioned::of(&api.get_openapi().paths.paths.keys().collect::<Vec<_>>());
     let api = api.layer(
         ServiceBuilder::new()
             .layer(HandleErrorLayer::new(timed_out))
@@ -44,7 +50,7 @@ pub fn router(state: AppState, request_timeout: Duration) -> Router {
     );
     let (router, _) = api.merge(operations).split_for_parts();
     router
-        .fallback(not_found)
+        .fallback(move |uri: Uri| std::future::ready(unversioned.answer(&uri)))
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_request_bytes))
         .layer(middleware::from_fn(observe))
@@ -56,7 +62,7 @@ pub fn router(state: AppState, request_timeout: Duration) -> Router {
 /// `routes!` takes each handler's path and method from its `#[utoipa::path]`, so a
 /// route cannot be served without being documented.
 pub fn documented(demo: bool) -> (OpenApiRouter<AppState>, OpenApiRouter<AppState>) {
-    let mut api = OpenApiRouter::with_openapi(crate::openapi::ApiDoc::openapi())
+    let versioned = OpenApiRouter::new()
         .routes(routes!(conversations::create))
         .routes(routes!(conversations::open_direct))
         .routes(routes!(conversations::add_members, conversations::members))
@@ -78,6 +84,8 @@ pub fn documented(demo: bool) -> (OpenApiRouter<AppState>, OpenApiRouter<AppStat
         .routes(routes!(sync::sync))
         .routes(routes!(blocks::block, blocks::unblock))
         .routes(routes!(blocks::list));
+    let mut api = OpenApiRouter::with_openapi(crate::openapi::ApiDoc::openapi())
+        .nest(VERSION_PREFIX, versioned);
     if demo {
         api = api.merge(demo::routes());
     }
@@ -127,7 +135,7 @@ pub fn admin_router(state: AppState) -> Router {
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz_detailed))
         .route("/metrics", get(health::metrics))
-        .fallback(not_found)
+        .fallback(|| async { not_found() })
         .with_state(state)
 }
 
@@ -152,7 +160,53 @@ async fn timed_out(err: BoxError) -> Response {
     }
 }
 
-async fn not_found() -> Response {
+/// The first segments of the API's paths (`conversations`, `sync`, …): a request for
+/// one of them without the version prefix is an old client's, answered 308 to the same
+/// path under [`VERSION_PREFIX`] (method and body kept, `Deprecation` set), as the paths
+/// were before they were versioned. Any other unknown path is 404. The redirects end in
+/// the release after the one that versioned the paths (CHANGELOG.md).
+#[derive(Clone)]
+struct Unversioned {
+    segments: std::collections::BTreeSet<String>,
+}
+
+impl Unversioned {
+    fn of(paths: &[&String]) -> Self {
+        let segments = paths
+            .iter()
+            .filter_map(|p| p.strip_prefix(VERSION_PREFIX)?.split('/').nth(1))
+            .map(str::to_owned)
+            .collect();
+        Self { segments }
+    }
+
+    fn answer(&self, uri: &Uri) -> Response {
+        let first = uri.path().split('/').nth(1).unwrap_or_default();
+        if !self.segments.contains(first) {
+            return not_found();
+        }
+        metrics::counter!("http_unversioned_redirects_total").increment(1);
+        let location = format!(
+            "{VERSION_PREFIX}{}",
+            uri.path_and_query().map(|p| p.as_str()).unwrap_or("/")
+        );
+        let mut response = Problem::new(
+            StatusCode::PERMANENT_REDIRECT,
+            "moved",
+            "Moved to a versioned path",
+            format!("the API's paths are under {VERSION_PREFIX}: use {location}"),
+        )
+        .into_response();
+        let headers = response.headers_mut();
+        if let Ok(value) = header::HeaderValue::from_str(&location) {
+            headers.insert(header::LOCATION, value);
+        }
+        headers.insert("deprecation", header::HeaderValue::from_static("true"));
+        response
+    }
+}
+
+fn not_found() -> Response {
     Problem::new(
         StatusCode::NOT_FOUND,
         "not-found",

@@ -10,7 +10,7 @@ use crate::state::AppState;
 use crate::store::notifications::{self as store, Level};
 
 #[derive(Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 pub struct SetNotifications {
     /// `all` (every message), `mentions` (only messages that name the caller), `none`.
     level: Level,

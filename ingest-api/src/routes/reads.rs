@@ -15,7 +15,6 @@ use crate::store::reads as store;
 use chatpipe_schemas::receipt::Mark;
 
 #[derive(Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
 pub struct MarkRead {
     seq: i64,
 }

@@ -58,7 +58,7 @@ pub async fn unfollow(
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 pub struct ReadThread {
     /// Every reply up to this seq is read; past the thread's newest reply it stops there.
     seq: i64,

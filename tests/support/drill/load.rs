@@ -67,7 +67,7 @@ impl World {
             let (creator, others) = group.split_first().unwrap();
             let res = world
                 .http
-                .post(format!("{}/conversations", ingest_url(0)))
+                .post(format!("{}/v1/conversations", ingest_url(0)))
                 .bearer_auth(world.token(*creator))
                 .json(&json!({"type": "GROUP", "title": "drill", "memberIds": others}))
                 .send()
@@ -157,7 +157,7 @@ async fn send_one(
         let api = ingest_url((n + attempt) % 2);
         let res = world
             .http
-            .post(format!("{api}/conversations/{conversation}/messages"))
+            .post(format!("{api}/v1/conversations/{conversation}/messages"))
             .bearer_auth(&token)
             .json(&body)
             .send()
@@ -356,7 +356,7 @@ pub async fn catch_up(world: &World, clients: &Clients, user: i64) {
             let res = world
                 .http
                 .get(format!(
-                    "{api}/conversations/{conversation}/messages?afterSeq={after}&limit=200"
+                    "{api}/v1/conversations/{conversation}/messages?afterSeq={after}&limit=200"
                 ))
                 .bearer_auth(&token)
                 .send()
@@ -422,7 +422,7 @@ pub async fn read(world: Arc<World>, clients: Arc<Clients>, rate: u32, stop: Arc
             let api = ingest_url(n % 2);
             let _ = world
                 .http
-                .post(format!("{api}/conversations/{conversation}/read"))
+                .post(format!("{api}/v1/conversations/{conversation}/read"))
                 .bearer_auth(world.token(user))
                 .json(&json!({"seq": seq - rand::rng().random_range(0..2).min(seq - 1)}))
                 .send()

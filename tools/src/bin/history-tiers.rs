@@ -327,7 +327,7 @@ async fn create_groups(
     let made: Vec<anyhow::Result<i64>> = futures::stream::iter(0..args.conversations)
         .map(|_| {
             let req = http
-                .post(format!("{base}/conversations"))
+                .post(format!("{base}/v1/conversations"))
                 .bearer_auth(&token)
                 .json(&json!({"type": "GROUP", "title": "tiers", "memberIds": [2]}));
             async move {
@@ -464,16 +464,16 @@ async fn pages(
         let deep = rng.random_range(PAGE + 1..=cold_through - PAGE);
         plan.push((
             0,
-            format!("{base}/conversations/{conv}/messages?limit={PAGE}"),
+            format!("{base}/v1/conversations/{conv}/messages?limit={PAGE}"),
         ));
         plan.push((
             1,
-            format!("{base}/conversations/{conv}/messages?limit={PAGE}&beforeSeq={deep}"),
+            format!("{base}/v1/conversations/{conv}/messages?limit={PAGE}&beforeSeq={deep}"),
         ));
         let edge = cold_through + PAGE / 2;
         plan.push((
             2,
-            format!("{base}/conversations/{conv}/messages?limit={PAGE}&beforeSeq={edge}"),
+            format!("{base}/v1/conversations/{conv}/messages?limit={PAGE}&beforeSeq={edge}"),
         ));
     }
     let timed: Vec<anyhow::Result<(usize, u64)>> = futures::stream::iter(plan)

@@ -234,7 +234,7 @@ async fn run_scale(
     settings.kafka.brokers = args.stack.brokers.clone();
     let app = Application::build(settings).await?;
     let bench = Bench {
-        inbox: format!("http://{}/inbox", app.local_addr()),
+        inbox: format!("http://{}/v1/inbox", app.local_addr()),
         http: reqwest::Client::builder()
             .timeout(Duration::from_secs(60))
             .build()?,

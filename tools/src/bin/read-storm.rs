@@ -454,7 +454,7 @@ async fn phase(
     let answers: Vec<anyhow::Result<u16>> =
         futures::stream::iter(receipts.iter().map(|&(conv, user, seq)| {
             let req = http
-                .post(format!("{base}/conversations/{conv}/{}", storm.route))
+                .post(format!("{base}/v1/conversations/{conv}/{}", storm.route))
                 .bearer_auth(&tokens[&user])
                 .json(&json!({"seq": seq}));
             async move { Ok(req.send().await?.status().as_u16()) }

@@ -431,7 +431,7 @@ async fn create_group(
     members: Vec<i64>,
 ) -> anyhow::Result<i64> {
     let res = http
-        .post(format!("{base}/conversations"))
+        .post(format!("{base}/v1/conversations"))
         .bearer_auth(token)
         .json(&json!({"type": "GROUP", "title": "load", "memberIds": members}))
         .send()
@@ -513,7 +513,7 @@ async fn run_phase(
                 let body = mix.body(n + w as u64, root, other);
                 let t = Instant::now();
                 let res = http
-                    .post(format!("{base}/conversations/{conv}/messages"))
+                    .post(format!("{base}/v1/conversations/{conv}/messages"))
                     .bearer_auth(&token)
                     .json(&body)
                     .send()
