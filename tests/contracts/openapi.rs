@@ -186,3 +186,102 @@ fn no_api_route_is_registered_around_the_document() {
         "routes registered without routes!(): {plain:?}"
     );
 }
+
+/// `docs/openapi.json` is the document a real ingest-api serves (without the demo's
+/// routes, which are not part of the contract): a change to the API shows in review as a
+/// change of that file. `CHATPIPE_BLESS_OPENAPI=1` writes it from the server.
+#[tokio::test]
+async fn the_committed_document_is_the_one_served() {
+    let app = chatpipe_tests::spawn_app().await;
+    let served = document(&app).await;
+    let path = repo_root().join("docs/openapi.json");
+    if std::env::var_os("CHATPIPE_BLESS_OPENAPI").is_some() {
+        let text = serde_json::to_string_pretty(&served).unwrap() + "\n";
+        std::fs::write(&path, text).unwrap();
+    }
+    let committed: Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).expect("docs/openapi.json is JSON");
+    assert!(
+        committed == served,
+        "docs/openapi.json is not what ingest-api serves: run \
+         CHATPIPE_BLESS_OPENAPI=1 cargo test -p chatpipe-tests --test contracts \
+         the_committed_document, review the diff, and note the change in CHANGELOG.md"
+    );
+}
+
+const OASDIFF: &str = "scripts/test builds oasdiff into .stack/bin (go install \
+     github.com/oasdiff/oasdiff@v1.39.0) and sets CHATPIPE_OASDIFF";
+
+/// The newest released document of this major version (`docs/openapi/releases/`,
+/// named by release).
+fn last_released() -> std::path::PathBuf {
+    let dir = repo_root().join("docs/openapi/releases");
+    let mut releases: Vec<(Vec<u64>, std::path::PathBuf)> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter_map(|p| {
+            let version = p.file_stem()?.to_str()?.to_owned();
+            let parts = version
+                .split('.')
+                .map(|n| n.parse().ok())
+                .collect::<Option<_>>()?;
+            Some((parts, p))
+        })
+        .collect();
+    releases.sort();
+    releases.pop().expect("a released document").1
+}
+
+fn oasdiff_breaking(base: &std::path::Path, revision: &std::path::Path) -> std::process::Output {
+    let program = std::env::var("CHATPIPE_OASDIFF").unwrap_or_else(|_| "oasdiff".into());
+    std::process::Command::new(&program)
+        .args(["breaking", "--fail-on", "ERR"])
+        .arg(base)
+        .arg(revision)
+        .output()
+        .unwrap_or_else(|e| panic!("{program} could not run ({e}): {OASDIFF}"))
+}
+
+/// Nothing in `docs/openapi.json` breaks a client of the last released document
+/// (oasdiff's breaking-change rules at level ERR: a path, operation, response field or
+/// enum value removed, a new required request field, a narrower type, …). And the check
+/// bites: the same document with a path taken away and a request field made required
+/// fails it.
+#[test]
+fn the_document_breaks_no_client_of_the_last_release() {
+    let released = last_released();
+    let current = repo_root().join("docs/openapi.json");
+    let out = oasdiff_breaking(&released, &current);
+    assert!(
+        out.status.success(),
+        "docs/openapi.json breaks clients of {}: a breaking change needs a new major \
+         version (CHANGELOG.md):\n{}{}",
+        released.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let mut broken: Value = serde_json::from_slice(&std::fs::read(&current).unwrap()).unwrap();
+    let paths = broken["paths"].as_object_mut().unwrap();
+    assert!(
+        paths.remove("/v1/blocks").is_some(),
+        "the document has /v1/blocks"
+    );
+    let send = &mut broken["components"]["schemas"]["SendMessage"];
+    send["required"]
+        .as_array_mut()
+        .expect("SendMessage lists its required fields")
+        .push("mentions".into());
+    let file = std::env::temp_dir().join(format!("chatpipe-broken-{}.json", std::process::id()));
+    std::fs::write(&file, serde_json::to_vec(&broken).unwrap()).unwrap();
+    let out = oasdiff_breaking(&current, &file);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        !out.status.success(),
+        "oasdiff let a breaking change pass: {text}"
+    );
+    assert!(
+        text.contains("/v1/blocks") && text.contains("mentions"),
+        "oasdiff names both breaks: {text}"
+    );
+}
