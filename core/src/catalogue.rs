@@ -55,6 +55,7 @@ pub const METRICS: &[Entry] = &[
     ("member_checks_total", Counter, "Membership checks before a member-only write, by result (cached: a member remembered; member: asked of PostgreSQL; refused: not a member, 404 before any queue or lock)."),
     ("member_cache_entries", Gauge, "(conversation, member) pairs remembered by the membership gate (membership.cache_max_entries)."),
     ("readyz_probes_total", Counter, "Database probes of the public /readyz (its answer is kept for 1 s, so at most one a second)."),
+    ("idempotency_replays_total", Counter, "Creates answered with the first answer to their Idempotency-Key (a retry; nothing was made again)."),
     ("member_limit_rejections_total", Counter, "Member changes refused 409 for passing limits.max_group_members."),
     ("send_batches_with_mentions_total", Counter, "Send batches of which a message named members: one transaction of the send statement and the mentions' (batches with neither mentions nor replies are one statement)."),
     ("thread_replies_total", Counter, "Replies committed in threads (each also counts in messages_sent_total); their batches are one transaction with the threads' bookkeeping (chat_record_replies)."),

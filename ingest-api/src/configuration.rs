@@ -118,6 +118,10 @@ pub struct Limits {
     pub default_page_limit: i64,
     pub max_page_limit: i64,
     pub preview_chars: usize,
+    /// The longest `Idempotency-Key` accepted.
+    pub max_idempotency_key_chars: usize,
+    /// How long an `Idempotency-Key` is remembered.
+    pub idempotency_key_retention_s: u64,
 }
 
 impl Settings {

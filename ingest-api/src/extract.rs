@@ -30,6 +30,35 @@ impl FromRequestParts<AppState> for Caller {
     }
 }
 
+/// The `Idempotency-Key` header of a creating request, if any: 1 to
+/// `limits.max_idempotency_key_chars` visible ASCII characters (a UUID, say), bare or as
+/// a quoted string (the IETF draft's form). Anything else is 400 naming the header.
+pub struct IdempotencyKey(pub Option<String>);
+
+impl FromRequestParts<AppState> for IdempotencyKey {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        const FIELD: &str = "Idempotency-Key";
+        let Some(value) = parts.headers.get(FIELD) else {
+            return Ok(Self(None));
+        };
+        let max = state.limits.max_idempotency_key_chars;
+        let text = value.to_str().unwrap_or_default();
+        let key = text
+            .strip_prefix('"')
+            .and_then(|t| t.strip_suffix('"'))
+            .unwrap_or(text);
+        if key.is_empty() || key.len() > max || !key.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(ApiError::bad_parameter(
+                FIELD,
+                format!("must be 1 to {max} visible ASCII characters (a UUID, say)"),
+            ));
+        }
+        Ok(Self(Some(key.to_owned())))
+    }
+}
+
 /// A JSON body. Syntax errors are 400, values of the wrong type or shape are 422 with
 /// the JSON path of the field, bodies over `http.max_request_bytes` are 413.
 pub struct Json<T>(pub T);

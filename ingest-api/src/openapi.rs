@@ -147,3 +147,19 @@ pub struct Status {
     /// `ok` (`/healthz`) or `ready` (`/readyz`).
     pub status: &'static str,
 }
+
+/// The `Idempotency-Key` header of the creating routes (`POST /v1/conversations`, `POST
+/// /v1/direct`).
+#[derive(utoipa::IntoParams)]
+#[into_params(names("Idempotency-Key"), parameter_in = Header)]
+#[allow(dead_code)]
+pub struct IdempotencyKeyHeader(
+    /// A key the client makes for each create and keeps for its retries (a UUID, say; 1
+    /// to `limits.max_idempotency_key_chars` visible ASCII characters, bare or quoted). A
+    /// retry with the same key and the same request within
+    /// `limits.idempotency_key_retention_s` (24 h) gets the first answer again, with
+    /// `Idempotent-Replayed: true`, and makes nothing; the same key with another request
+    /// is 409 `/problems/idempotency-key-reused`; a malformed key is 400
+    /// `/problems/invalid-parameter`.
+    Option<String>,
+);

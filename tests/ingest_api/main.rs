@@ -11,6 +11,7 @@ mod demo;
 mod demo_limits;
 mod edits;
 mod group_commit;
+mod idempotency;
 mod inbox;
 mod jwks;
 mod least_privilege;

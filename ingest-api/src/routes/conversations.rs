@@ -1,16 +1,18 @@
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use chatpipe_core::{ConversationId, UserId};
 use chatpipe_schemas::Role;
 use serde::Deserialize;
+use std::time::Duration;
 
 use crate::domain::{parse_title, user_ids, ConversationKind};
 use crate::error::ApiError;
-use crate::extract::{Caller, ConversationPath, Json, PathParams};
+use crate::extract::{Caller, ConversationPath, IdempotencyKey, Json, PathParams};
 use crate::rate::Kind;
 use crate::state::AppState;
 use crate::store::conversations as store;
+use crate::store::idempotency::{Answer, Keyed, Outcome};
 
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -28,10 +30,11 @@ pub struct CreateConversation {
     tag = "conversations",
     summary = "Create a group; the caller becomes its admin",
     request_body = CreateConversation,
+    params(crate::openapi::IdempotencyKeyHeader),
     responses(
-        (status = 201, description = "The group", body = crate::store::conversations::ConversationView),
+        (status = 201, description = "The group; with an `Idempotency-Key` seen before (same request, within `limits.idempotency_key_retention_s`), the first answer again, with `Idempotent-Replayed: true`", body = crate::store::conversations::ConversationView),
         (status = 403, description = "`/problems/blocked`: a named user blocked the caller; nobody was added", body = crate::openapi::ProblemBody, content_type = "application/problem+json"),
-        (status = 409, description = "`/problems/member-limit`: more than `limits.max_group_members`", body = crate::openapi::ProblemBody, content_type = "application/problem+json"),
+        (status = 409, description = "`/problems/member-limit`: more than `limits.max_group_members`; `/problems/idempotency-key-reused`: the `Idempotency-Key` named another request", body = crate::openapi::ProblemBody, content_type = "application/problem+json"),
         crate::openapi::Common,
         crate::openapi::WithBody,
         crate::openapi::Limited
@@ -40,8 +43,9 @@ pub struct CreateConversation {
 pub async fn create(
     State(state): State<AppState>,
     Caller(caller): Caller,
+    IdempotencyKey(key): IdempotencyKey,
     Json(req): Json<CreateConversation>,
-) -> Result<impl IntoResponse, ApiError> {
+) -> Result<Response, ApiError> {
     state.rate.check(Kind::Create, caller)?;
     if req.kind.parse() != Ok(ConversationKind::Group) {
         return Err(ApiError::invalid(
@@ -56,15 +60,36 @@ pub async fn create(
     state
         .rate
         .check_n(Kind::MembersAdded, caller, strangers, "memberIds")?;
-    let view = store::create_group(
+    let key = key.map(|key| Keyed {
+        user: caller,
+        request: serde_json::json!({"op": "createGroup", "title": title, "memberIds": members}),
+        key,
+        retention: Duration::from_secs(limits.idempotency_key_retention_s),
+    });
+    let outcome = store::create_group(
         &state.store,
         caller,
         title,
         members,
         limits.max_group_members,
+        key.as_ref(),
     )
     .await?;
-    Ok((StatusCode::CREATED, axum::Json(view)))
+    Ok(match outcome {
+        Outcome::Done(view) => (StatusCode::CREATED, axum::Json(view)).into_response(),
+        Outcome::Replayed(first) => replayed(first),
+    })
+}
+
+/// The first answer to an `Idempotency-Key`, given again.
+fn replayed(first: Answer) -> Response {
+    let status = StatusCode::from_u16(first.status).unwrap_or(StatusCode::OK);
+    let mut response = (status, axum::Json(first.body)).into_response();
+    response.headers_mut().insert(
+        "idempotent-replayed",
+        axum::http::HeaderValue::from_static("true"),
+    );
+    response
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -80,8 +105,9 @@ pub struct OpenDirect {
     tag = "conversations",
     summary = "The one DIRECT conversation of the caller and a peer",
     request_body = OpenDirect,
+    params(crate::openapi::IdempotencyKeyHeader),
     responses(
-        (status = 201, description = "Opened now", body = crate::store::conversations::ConversationView),
+        (status = 201, description = "Opened now; with an `Idempotency-Key` of the request that opened it, the first answer again, with `Idempotent-Replayed: true`", body = crate::store::conversations::ConversationView),
         (status = 200, description = "It existed: the same conversation (a caller who had left it is a member again)", body = crate::store::conversations::ConversationView),
         (status = 403, description = "`/problems/blocked`: the peer blocked the caller", body = crate::openapi::ProblemBody, content_type = "application/problem+json"),
         crate::openapi::Common,
@@ -92,8 +118,9 @@ pub struct OpenDirect {
 pub async fn open_direct(
     State(state): State<AppState>,
     Caller(caller): Caller,
+    IdempotencyKey(key): IdempotencyKey,
     Json(req): Json<OpenDirect>,
-) -> Result<impl IntoResponse, ApiError> {
+) -> Result<Response, ApiError> {
     state.rate.check(Kind::Create, caller)?;
     let peer = UserId::new(req.peer_id).map_err(|e| ApiError::invalid("peerId", e.to_string()))?;
     if peer == caller {
@@ -102,13 +129,23 @@ pub async fn open_direct(
             "must be another user than the caller",
         ));
     }
-    let (view, created) = store::open_direct(&state.store, caller, peer).await?;
+    let key = key.map(|key| Keyed {
+        user: caller,
+        request: serde_json::json!({"op": "openDirect", "peerId": peer.get()}),
+        key,
+        retention: Duration::from_secs(state.limits.idempotency_key_retention_s),
+    });
+    let (view, created) = match store::open_direct(&state.store, caller, peer, key.as_ref()).await?
+    {
+        Outcome::Done(done) => done,
+        Outcome::Replayed(first) => return Ok(replayed(first)),
+    };
     let status = if created {
         StatusCode::CREATED
     } else {
         StatusCode::OK
     };
-    Ok((status, axum::Json(view)))
+    Ok((status, axum::Json(view)).into_response())
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]

@@ -20,6 +20,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgConnection;
 
+use super::idempotency::{self, Keyed, Outcome};
 use super::{blocks, now, Store, StoreError};
 use crate::domain::ConversationKind;
 
@@ -52,7 +53,8 @@ pub async fn create_group(
     title: Option<String>,
     mut member_ids: Vec<i64>,
     max_members: usize,
-) -> Result<ConversationView, StoreError> {
+    key: Option<&Keyed>,
+) -> Result<Outcome<ConversationView>, StoreError> {
     if !member_ids.contains(&creator.get()) {
         member_ids.push(creator.get());
     }
@@ -61,6 +63,11 @@ pub async fn create_group(
     }
     let at = now();
     let mut tx = db.pool.begin().await?;
+    if let Some(key) = key {
+        if let Some(first) = idempotency::claim(&mut tx, key).await? {
+            return Ok(Outcome::Replayed(first));
+        }
+    }
     blocks::refuse_adding(&mut tx, creator, &member_ids).await?;
     let view: ConversationView = sqlx::query_as(&format!(
         "INSERT INTO conversation AS c (type, title, created_by, created_at, last_activity_at, member_count)
@@ -91,29 +98,50 @@ pub async fn create_group(
         at,
     ));
     db.outbox.write(&mut tx, &events).await?;
+    if let Some(key) = key {
+        idempotency::record(&mut tx, key, 201, &view).await?;
+    }
     tx.commit().await?;
-    Ok(view)
+    Ok(Outcome::Done(view))
 }
 
 /// The single DIRECT conversation of `caller` and `peer`, and whether this call made it.
 /// Concurrent calls for one pair race on `direct_pair`'s key: one inserts, the others
 /// roll back and read the winner's conversation. A caller who left it rejoins; a caller
 /// the peer blocked can neither open nor rejoin it.
+///
+/// With a key, the request that made the conversation records its answer (201) in the
+/// same transaction, and a retry gets it again; a conversation that existed already is
+/// answered 200 as without a key.
 pub async fn open_direct(
     db: &Store,
     caller: UserId,
     peer: UserId,
-) -> Result<(ConversationView, bool), StoreError> {
+    key: Option<&Keyed>,
+) -> Result<Outcome<(ConversationView, bool)>, StoreError> {
     let (low, high) = if caller < peer {
         (caller, peer)
     } else {
         (peer, caller)
     };
+    if let Some(key) = key {
+        let mut conn = db.pool.acquire().await?;
+        if let Some(first) = idempotency::first_answer(&mut conn, key).await? {
+            return Ok(Outcome::Replayed(first));
+        }
+    }
     if let Some(view) = find_direct(db, caller, low, high).await? {
-        return Ok((rejoin_direct(db, view, caller, peer).await?, false));
+        let view = rejoin_direct(db, view, caller, peer).await?;
+        return Ok(Outcome::Done((view, false)));
     }
     let at = now();
     let mut tx = db.pool.begin().await?;
+    if let Some(key) = key {
+        // A concurrent request with the same key made it: its answer.
+        if let Some(first) = idempotency::claim(&mut tx, key).await? {
+            return Ok(Outcome::Replayed(first));
+        }
+    }
     blocks::refuse_if_blocked_by(&mut tx, caller, peer).await?;
     let mut view: ConversationView = sqlx::query_as(&format!(
         "INSERT INTO conversation AS c (type, created_by, created_at, last_activity_at, member_count)
@@ -142,7 +170,7 @@ pub async fn open_direct(
         let view = find_direct(db, caller, low, high)
             .await?
             .ok_or(StoreError::Database(sqlx::Error::RowNotFound))?;
-        return Ok((view, false));
+        return Ok(Outcome::Done((view, false)));
     }
     let members =
         insert_members(&mut tx, id, &[low.get(), high.get()], Watermark::ZERO, None).await?;
@@ -162,9 +190,12 @@ pub async fn open_direct(
         at,
     ));
     db.outbox.write(&mut tx, &events).await?;
-    tx.commit().await?;
     view.peer_id = Some(peer.get());
-    Ok((view, true))
+    if let Some(key) = key {
+        idempotency::record(&mut tx, key, 201, &view).await?;
+    }
+    tx.commit().await?;
+    Ok(Outcome::Done((view, true)))
 }
 
 /// `view` as `caller` has it: unchanged for a member, and for one who left it, after

@@ -5,6 +5,7 @@ pub mod archived;
 pub mod blocks;
 pub mod conversations;
 pub mod history;
+pub mod idempotency;
 pub mod inbox;
 pub mod members;
 pub mod mentions;
