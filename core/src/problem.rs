@@ -6,8 +6,15 @@ use serde::Serialize;
 
 pub const CONTENT_TYPE: &str = "application/problem+json";
 
-/// `{type, title, status, detail, field?}`. `type` is `/problems/<code>`; the codes
-/// are listed in docs/api.md.
+tokio::task_local! {
+    /// The id of the request being answered (`x-request-id`), set by the service's
+    /// request middleware around each request: every problem made while answering it
+    /// carries it.
+    pub static REQUEST_ID: String;
+}
+
+/// `{type, title, status, detail, field?, requestId?}`. `type` is `/problems/<code>`;
+/// the codes are listed in docs/api.md.
 #[derive(Debug, Clone, Serialize)]
 pub struct Problem {
     #[serde(rename = "type")]
@@ -18,6 +25,9 @@ pub struct Problem {
     /// The request field (JSON path, query parameter or path segment) at fault.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
+    /// The request's `x-request-id`, as its log lines carry it.
+    #[serde(rename = "requestId", skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
 }
 
 impl Problem {
@@ -33,6 +43,7 @@ impl Problem {
             status: status.as_u16(),
             detail: detail.into(),
             field: None,
+            request_id: REQUEST_ID.try_with(String::clone).ok(),
         }
     }
 

@@ -152,21 +152,29 @@ async fn a_frame_larger_than_the_read_buffer_is_read_and_one_past_the_bound_ends
     }
 }
 
-#[tokio::test]
-async fn a_browser_authenticates_with_the_bearer_subprotocol() {
-    let (url, sessions, keys) = start().await;
+/// Connects offering `offer` as `Sec-WebSocket-Protocol`: the socket and the
+/// subprotocol the gateway answered.
+async fn offering(url: &str, offer: String) -> (Ws, String) {
     let mut request = url.into_client_request().unwrap();
-    let offer = format!("chatpipe.v1, bearer.{}", token(&keys, 20));
     request
         .headers_mut()
         .insert("sec-websocket-protocol", offer.parse().unwrap());
-    let (_ws, response) = tokio_tungstenite::connect_async(request)
+    let (ws, response) = tokio_tungstenite::connect_async(request)
         .await
         .expect("upgrade");
-    assert_eq!(
-        response.headers().get("sec-websocket-protocol").unwrap(),
-        "chatpipe.v1"
-    );
+    let answered = response.headers()["sec-websocket-protocol"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    (ws, answered)
+}
+
+#[tokio::test]
+async fn a_browser_authenticates_with_the_bearer_subprotocol() {
+    let (url, sessions, keys) = start().await;
+    let offer = format!("chatpipe.v1, bearer.{}", token(&keys, 20));
+    let (_ws, answered) = offering(&url, offer).await;
+    assert_eq!(answered, "chatpipe.v1");
     online(&sessions, 20).await;
 }
 
@@ -176,18 +184,9 @@ async fn a_browser_authenticates_with_the_bearer_subprotocol() {
 async fn the_unversioned_subprotocol_is_still_answered_and_counted() {
     let (url, sessions, keys) = start().await;
     let before = deprecated_offers();
-    let mut request = url.into_client_request().unwrap();
     let offer = format!("chatpipe, bearer.{}", token(&keys, 21));
-    request
-        .headers_mut()
-        .insert("sec-websocket-protocol", offer.parse().unwrap());
-    let (_ws, response) = tokio_tungstenite::connect_async(request)
-        .await
-        .expect("upgrade");
-    assert_eq!(
-        response.headers().get("sec-websocket-protocol").unwrap(),
-        "chatpipe"
-    );
+    let (_ws, answered) = offering(&url, offer).await;
+    assert_eq!(answered, "chatpipe");
     online(&sessions, 21).await;
     assert!(deprecated_offers() > before, "the old name was counted");
 }

@@ -20,7 +20,10 @@ use utoipa::{IntoResponses, Modify, OpenApi, ToSchema};
             `/problems/not-found`, a known path with another method 405 \
             `/problems/method-not-allowed`. Every API path is under `/v1`; an old client's \
             path without it answers 308 to the same path under `/v1` \
-            (`/problems/moved`, `Deprecation: true`) until the next release. Reference: docs/api.md; pushes over the \
+            (`/problems/moved`, `Deprecation: true`) until the next release. Every answer \
+            carries `x-request-id`: the client's (1 to 128 visible ASCII characters) or one \
+            made for it; problem bodies carry it as `requestId`, and the service's log \
+            lines of the request as `request_id`. Reference: docs/api.md; pushes over the \
             WebSocket: docs/protocol.md and docs/asyncapi.yaml.",
         license(name = "Apache-2.0", identifier = "Apache-2.0"),
     ),
@@ -75,6 +78,10 @@ pub struct ProblemBody {
     detail: String,
     /// The JSON path, query parameter or path segment at fault.
     field: Option<String>,
+    /// The request's `x-request-id` (the client's, or one made for it), as the
+    /// service's log lines of the request carry it.
+    #[schema(rename = "requestId")]
+    request_id: Option<String>,
 }
 
 /// What any call with a token can answer besides its own results.

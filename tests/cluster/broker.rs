@@ -9,7 +9,6 @@ use chatpipe_tests::stream::{brokers, spawn_pipeline_with};
 use ingest_api::configuration::ReadMode;
 use pipeline::audit::alarm;
 use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
-use rdkafka::consumer::Consumer;
 
 use crate::{
     every_acknowledged_on_the_topic, kill, one_fault_at_a_time, require_cluster, stack, Sender,

@@ -161,3 +161,85 @@ async fn every_connection_commits_durably_even_where_the_database_default_is_off
         "the error names the key: {refused}"
     );
 }
+
+/// What the apps of this test binary log. A subscriber scoped to one test's thread
+/// misses lines now and then (tracing caches each call site's interest globally, and the
+/// other tests' threads have none), so this one is the binary's global subscriber, set
+/// by the first test that asks.
+#[derive(Clone, Default)]
+struct Logs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn captured_logs() -> Logs {
+    static LOGS: std::sync::OnceLock<Logs> = std::sync::OnceLock::new();
+    LOGS.get_or_init(|| {
+        let logs = Logs::default();
+        tracing::subscriber::set_global_default(
+            tracing_subscriber::fmt()
+                .with_writer(logs.clone())
+                .with_ansi(false)
+                .with_max_level(tracing::Level::INFO)
+                .finish(),
+        )
+        .expect("no other global subscriber in the ingest_api tests");
+        logs
+    })
+    .clone()
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
+    type Writer = Logs;
+    fn make_writer(&'a self) -> Logs {
+        self.clone()
+    }
+}
+
+/// Every answer carries `x-request-id`: the client's, or a new UUID for none or a bad
+/// one; a problem body carries the same as `requestId`, and so does the app's log line
+/// of the refused request.
+#[tokio::test]
+async fn every_answer_carries_its_request_id_in_the_header_the_problem_and_the_log() {
+    let logs = captured_logs();
+    let app = spawn_app().await;
+    let res = app.user(10).get("/v1/inbox").await;
+    let made = res.headers["x-request-id"].to_str().unwrap().to_owned();
+    uuid::Uuid::parse_str(&made).expect("a request id made for the request is a UUID");
+    res.expect(200);
+
+    let ask = |id: String| {
+        app.http
+            .get(format!("{}/v1/conversations/999/messages", app.base))
+            .bearer_auth(app.token(10))
+            .header("x-request-id", id)
+            .send()
+    };
+    let res = ask("trace-me-42".into()).await.unwrap();
+    assert_eq!(res.status(), 404);
+    assert_eq!(res.headers()["x-request-id"], "trace-me-42");
+    let problem: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(problem["requestId"], "trace-me-42", "{problem}");
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l.contains("request refused") && l.contains("request_id=trace-me-42")),
+        "the refused request's log line names its id:\n{text}"
+    );
+
+    for bad in ["x".repeat(129), "with space".into()] {
+        let res = ask(bad.clone()).await.unwrap();
+        let given = res.headers()["x-request-id"].to_str().unwrap().to_owned();
+        assert!(
+            uuid::Uuid::parse_str(&given).is_ok(),
+            "{bad:?} replaced: {given}"
+        );
+    }
+}

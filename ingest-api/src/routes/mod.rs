@@ -10,8 +10,9 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{BoxError, Router};
-use chatpipe_core::problem::Problem;
+use chatpipe_core::problem::{Problem, REQUEST_ID};
 use tower::ServiceBuilder;
+use tracing::Instrument;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -122,8 +123,18 @@ pub fn cors(origins: &[String]) -> anyhow::Result<Option<tower_http::cors::CorsL
                 Method::PATCH,
                 Method::DELETE,
             ])
-            .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
-            .expose_headers([header::RETRY_AFTER])
+            .allow_headers([
+                header::AUTHORIZATION,
+                header::CONTENT_TYPE,
+                header::HeaderName::from_static("idempotency-key"),
+                header::HeaderName::from_static(X_REQUEST_ID),
+            ])
+            .expose_headers([
+                header::RETRY_AFTER,
+                header::LOCATION,
+                header::HeaderName::from_static(X_REQUEST_ID),
+                header::HeaderName::from_static("idempotent-replayed"),
+            ])
             .max_age(std::time::Duration::from_secs(600)),
     ))
 }
@@ -226,16 +237,47 @@ async fn method_not_allowed() -> Response {
     .into_response()
 }
 
-/// Counts and times every request by route, and logs each failed one exactly once.
+/// The longest `x-request-id` a client may give; a longer or non-ASCII one is replaced.
+const MAX_REQUEST_ID_CHARS: usize = 128;
+
+/// The request's id: the client's `x-request-id` if it is 1 to
+/// [`MAX_REQUEST_ID_CHARS`] visible ASCII characters, else a new UUID.
+fn request_id(request: &Request) -> String {
+    request
+        .headers()
+        .get(X_REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .filter(|id| {
+            !id.is_empty()
+                && id.len() <= MAX_REQUEST_ID_CHARS
+                && id.bytes().all(|b| b.is_ascii_graphic())
+        })
+        .map(str::to_owned)
+        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string())
+}
+
+const X_REQUEST_ID: &str = "x-request-id";
+
+/// Gives every request its id (`x-request-id` on the answer, `requestId` in a problem
+/// body, `request_id` on the log lines of its task), counts and times it by route, and
+/// logs each failed one exactly once.
 async fn observe(request: Request, next: Next) -> Response {
     let started = Instant::now();
+    let id = request_id(&request);
+    let span = tracing::info_span!("request", request_id = %id);
     let method = request.method().clone();
     let route = request
         .extensions()
         .get::<MatchedPath>()
         .map(|p| p.as_str().to_owned())
         .unwrap_or_else(|| "unmatched".to_owned());
-    let response = next.run(request).await;
+    let mut response = REQUEST_ID
+        .scope(id.clone(), next.run(request))
+        .instrument(span.clone())
+        .await;
+    if let Ok(value) = header::HeaderValue::from_str(&id) {
+        response.headers_mut().insert(X_REQUEST_ID, value);
+    }
     let elapsed = started.elapsed();
     let status = response.status();
     let labels = [
@@ -259,9 +301,9 @@ async fn observe(request: Request, next: Next) -> Response {
             .unwrap_or_default();
         let ms = elapsed.as_millis() as u64;
         if status.is_server_error() {
-            tracing::error!(%method, %route, status = status.as_u16(), ms, %detail, %cause, "request failed");
+            tracing::error!(parent: &span, %method, %route, status = status.as_u16(), ms, %detail, %cause, "request failed");
         } else {
-            tracing::info!(%method, %route, status = status.as_u16(), ms, %detail, "request refused");
+            tracing::info!(parent: &span, %method, %route, status = status.as_u16(), ms, %detail, "request refused");
         }
     }
     response
