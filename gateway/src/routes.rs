@@ -76,28 +76,25 @@ async fn authenticate(keys: &TokenKeys, headers: &HeaderMap) -> Result<Verified,
     if let Some(value) = headers.get(header::AUTHORIZATION) {
         return keys.verify_header_until_fresh(value.to_str().ok()).await;
     }
-    let offered = headers
-        .get(header::SEC_WEBSOCKET_PROTOCOL)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default();
-    let token = offered
-        .split(',')
-        .map(str::trim)
-        .find_map(|p| p.strip_prefix(TOKEN_PROTOCOL_PREFIX));
+    let token = offered_protocols(headers).find_map(|p| p.strip_prefix(TOKEN_PROTOCOL_PREFIX));
     match token {
         Some(token) => keys.verify_until_fresh(token).await,
         None => Err(AuthError::Missing),
     }
 }
 
-fn offers_only_the_deprecated_name(headers: &HeaderMap) -> bool {
-    let offered: Vec<&str> = headers
+/// The subprotocols a connection request offers (`Sec-WebSocket-Protocol`), in order.
+fn offered_protocols(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+    headers
         .get(header::SEC_WEBSOCKET_PROTOCOL)
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .split(',')
         .map(str::trim)
-        .collect();
+}
+
+fn offers_only_the_deprecated_name(headers: &HeaderMap) -> bool {
+    let offered: Vec<&str> = offered_protocols(headers).collect();
     offered.contains(&DEPRECATED_SUBPROTOCOL) && !offered.contains(&SUBPROTOCOL)
 }
 

@@ -30,6 +30,13 @@ impl FromRequestParts<AppState> for Caller {
     }
 }
 
+/// Whether a client's identifier from a header (an `Idempotency-Key`, an
+/// `x-request-id`) is 1 to `max` visible ASCII characters: what the service accepts,
+/// stores and logs as given.
+pub fn is_token(text: &str, max: usize) -> bool {
+    !text.is_empty() && text.len() <= max && text.bytes().all(|b| b.is_ascii_graphic())
+}
+
 /// The `Idempotency-Key` header of a creating request, if any: 1 to
 /// `limits.max_idempotency_key_chars` visible ASCII characters (a UUID, say), bare or as
 /// a quoted string (the IETF draft's form). Anything else is 400 naming the header.
@@ -49,7 +56,7 @@ impl FromRequestParts<AppState> for IdempotencyKey {
             .strip_prefix('"')
             .and_then(|t| t.strip_suffix('"'))
             .unwrap_or(text);
-        if key.is_empty() || key.len() > max || !key.bytes().all(|b| b.is_ascii_graphic()) {
+        if !is_token(key, max) {
             return Err(ApiError::bad_parameter(
                 FIELD,
                 format!("must be 1 to {max} visible ASCII characters (a UUID, say)"),

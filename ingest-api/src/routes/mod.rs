@@ -247,11 +247,7 @@ fn request_id(request: &Request) -> String {
         .headers()
         .get(X_REQUEST_ID)
         .and_then(|v| v.to_str().ok())
-        .filter(|id| {
-            !id.is_empty()
-                && id.len() <= MAX_REQUEST_ID_CHARS
-                && id.bytes().all(|b| b.is_ascii_graphic())
-        })
+        .filter(|id| crate::extract::is_token(id, MAX_REQUEST_ID_CHARS))
         .map(str::to_owned)
         .unwrap_or_else(|| uuid::Uuid::new_v4().to_string())
 }
