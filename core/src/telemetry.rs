@@ -21,12 +21,13 @@ pub fn init_logging() {
     let _ = result;
 }
 
-/// Buckets for latency histograms, in seconds: 0.5 ms to 10 s.
+/// Buckets for latency histograms (names ending in `_seconds`): 0.5 ms to 10 s.
 const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
-/// Buckets for size histograms (names ending in `_size` or `_keys`): 1 to 10,000.
+/// Buckets for every other histogram, which counts things (messages per batch, keys per
+/// flush, rows per write): 1 to 10,000.
 const SIZE_BUCKETS: &[f64] = &[
     1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0,
 ];
@@ -35,9 +36,8 @@ const SIZE_BUCKETS: &[f64] = &[
 /// process-wide one of [`metrics_handle`], or a test's own.
 pub fn recorder() -> PrometheusRecorder {
     PrometheusBuilder::new()
-        .set_buckets(LATENCY_BUCKETS)
-        .and_then(|b| b.set_buckets_for_metric(Matcher::Suffix("_size".into()), SIZE_BUCKETS))
-        .and_then(|b| b.set_buckets_for_metric(Matcher::Suffix("_keys".into()), SIZE_BUCKETS))
+        .set_buckets(SIZE_BUCKETS)
+        .and_then(|b| b.set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS))
         .expect("static buckets are valid")
         .build_recorder()
 }

@@ -8,7 +8,7 @@ use std::time::Instant;
 /// The piece a process is counted under: PostgreSQL by its process title (the
 /// walsender apart, it decodes the WAL for Debezium), the stack's JVMs by the
 /// `chatpipe.stack.component` property scripts/stack gives them, ours by binary name (the
-/// processors by their subcommand: fanout, receipts, audit).
+/// processors by their subcommand: fanout, receipts, archive, notifications, audit).
 fn piece(argv: &[String]) -> Option<&'static str> {
     let first = argv.first()?;
     let binary = first.split(' ').next()?.rsplit('/').next()?;
@@ -26,11 +26,12 @@ fn piece(argv: &[String]) -> Option<&'static str> {
         Some("connect") => return Some("kafka-connect"),
         Some("kafka") => return Some("kafka"),
         Some("registry") => return Some("registry"),
+        Some("cassandra") => return Some("cassandra"),
         _ => {}
     }
     // The processors by their subcommand (`pipeline [--config F] fanout`).
     if binary == "pipeline" {
-        let processor = ["fanout", "receipts", "audit"]
+        let processor = ["fanout", "receipts", "archive", "notifications", "audit"]
             .into_iter()
             .find(|p| argv.iter().any(|a| a == p));
         return Some(processor.unwrap_or("pipeline"));
@@ -153,6 +154,15 @@ mod tests {
                 Some("kafka-connect"),
             ),
             ("java -Dchatpipe.stack.component=registry-auth x", None),
+            (
+                "java -Dchatpipe.stack.component=cassandra -Xmx1g x",
+                Some("cassandra"),
+            ),
+            ("target/release/pipeline archive", Some("archive")),
+            (
+                "target/release/pipeline notifications",
+                Some("notifications"),
+            ),
             ("target/release/ingest-api", Some("ingest-api")),
             ("/work/main/target/release/pipeline fanout", Some("fanout")),
             ("bash -c pipeline", None),
