@@ -94,6 +94,7 @@ pub const METRICS: &[Entry] = &[
     ("archive_batches_total", Counter, "Batches written to the cold tier, each followed by its progress in message_archive."),
     ("archive_batch_changes", Histogram, "Changes per batch (at most archive.max_batch)."),
     ("archive_batch_duration_seconds", Histogram, "Time to write one batch: its Cassandra writes (archive.write_concurrency in flight) and its progress in PostgreSQL."),
+    ("archive_write_rows", Histogram, "Rows per Cassandra write: the changes of one partition in a batch, at most archive.rows_per_write (one unlogged single-partition batch)."),
     ("archive_retention_moved_total", Counter, "Message rows the retention step moved out of PostgreSQL (each found equal in Cassandra first)."),
     ("archive_retention_kept_total", Counter, "Message rows the retention step left in PostgreSQL, by reason: differs (Cassandra lacks its latest change), changed (changed during the sweep)."),
     ("archive_retention_round_seconds", Histogram, "Time one retention round took (at most archive.retention_conversations conversations)."),

@@ -105,6 +105,8 @@ pub struct ArchiveSettings {
     pub linger_ms: u64,
     /// Cassandra writes in flight per reader.
     pub write_concurrency: usize,
+    /// The changes of one Cassandra partition in one write, at most this many.
+    pub rows_per_write: usize,
     pub max_poll_ms: u64,
     pub concurrency: usize,
     /// The retention step: a round this often...

@@ -6,6 +6,10 @@ use anyhow::Context;
 use scylla::client::execution_profile::ExecutionProfile;
 use scylla::client::session::Session;
 use scylla::client::session_builder::SessionBuilder;
+use scylla::serialize::row::{RowSerializationContext, SerializeRow};
+use scylla::serialize::writers::RowWriter;
+use scylla::serialize::SerializationError;
+use scylla::statement::batch::{Batch, BatchType};
 use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::Consistency;
 
@@ -153,82 +157,100 @@ impl Cold {
         &self.settings
     }
 
-    /// Writes one change, at the change's own time (idempotent, order-independent).
-    pub async fn write(&self, change: &Change) -> anyhow::Result<()> {
+    /// The partition `(conversation_id, bucket)` a change writes to.
+    pub fn partition_of(&self, change: &Change) -> (i64, i64) {
+        (change.conversation(), self.settings.bucket(change.seq()))
+    }
+
+    /// Writes the changes of one partition ([`Cold::partition_of`]), each at its own
+    /// time (idempotent, order-independent): one request, a single-partition `UNLOGGED`
+    /// batch when there are several. Cassandra applies such a batch as one mutation,
+    /// with no batch log and no size limit of its own (batch_size_fail_threshold counts
+    /// batches over several partitions only, CASSANDRA-10876); the caller bounds its rows.
+    pub async fn write_partition(&self, changes: &[&Change]) -> anyhow::Result<()> {
+        match changes {
+            [] => {}
+            [one] => {
+                let (statement, values) = self.statement(one);
+                self.session.execute_unpaged(statement, values).await?;
+            }
+            several => {
+                let mut batch = Batch::new(BatchType::Unlogged);
+                let mut values = Vec::with_capacity(several.len());
+                for change in several {
+                    let (statement, row) = self.statement(change);
+                    batch.append_statement(statement.clone());
+                    values.push(row);
+                }
+                self.session.batch(&batch, values).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The statement a change runs and its values, stamped with the change's own time.
+    fn statement<'a>(&self, change: &'a Change) -> (&PreparedStatement, ChangeValues<'a>) {
         let bucket = self.settings.bucket(change.seq());
-        match change {
+        match *change {
             Change::New {
                 conversation,
                 seq,
                 sender,
                 client_msg_id,
-                body,
+                ref body,
                 created_at,
                 thread_root,
-            } => {
-                self.session
-                    .execute_unpaged(
-                        &self.insert_new,
-                        (
-                            conversation,
-                            bucket,
-                            seq,
-                            sender,
-                            client_msg_id,
-                            body,
-                            created_at,
-                            thread_root,
-                            created_at,
-                        ),
-                    )
-                    .await?
-            }
+            } => (
+                &self.insert_new,
+                ChangeValues::New((
+                    conversation,
+                    bucket,
+                    seq,
+                    sender,
+                    client_msg_id,
+                    body,
+                    created_at,
+                    thread_root,
+                    created_at,
+                )),
+            ),
             Change::Edited {
                 conversation,
                 seq,
                 sender,
-                body,
+                ref body,
                 edited_at,
-            } => {
-                self.session
-                    .execute_unpaged(
-                        &self.update_edited,
-                        (
-                            edited_at,
-                            sender,
-                            body,
-                            edited_at,
-                            conversation,
-                            bucket,
-                            seq,
-                        ),
-                    )
-                    .await?
-            }
+            } => (
+                &self.update_edited,
+                ChangeValues::Edited((
+                    edited_at,
+                    sender,
+                    body,
+                    edited_at,
+                    conversation,
+                    bucket,
+                    seq,
+                )),
+            ),
             Change::Deleted {
                 conversation,
                 seq,
                 sender,
                 deleted_by,
                 deleted_at,
-            } => {
-                self.session
-                    .execute_unpaged(
-                        &self.update_deleted,
-                        (
-                            deleted_at,
-                            sender,
-                            deleted_at,
-                            deleted_by,
-                            conversation,
-                            bucket,
-                            seq,
-                        ),
-                    )
-                    .await?
-            }
-        };
-        Ok(())
+            } => (
+                &self.update_deleted,
+                ChangeValues::Deleted((
+                    deleted_at,
+                    sender,
+                    deleted_at,
+                    deleted_by,
+                    conversation,
+                    bucket,
+                    seq,
+                )),
+            ),
+        }
     }
 
     /// Every archived row of `conversation` with `from <= seq <= to`, ascending: one
@@ -359,4 +381,42 @@ async fn check_bucket_size(
         settings.bucket_size
     );
     Ok(())
+}
+
+/// The values of one change's statement: the three statements bind different columns,
+/// and a batch holds any mix of them.
+enum ChangeValues<'a> {
+    New(
+        (
+            i64,
+            i64,
+            i64,
+            i64,
+            uuid::Uuid,
+            &'a str,
+            i64,
+            Option<i64>,
+            i64,
+        ),
+    ),
+    Edited((i64, i64, &'a str, i64, i64, i64, i64)),
+    Deleted((i64, i64, i64, i64, i64, i64, i64)),
+}
+
+impl SerializeRow for ChangeValues<'_> {
+    fn serialize(
+        &self,
+        ctx: &RowSerializationContext<'_>,
+        writer: &mut RowWriter,
+    ) -> Result<(), SerializationError> {
+        match self {
+            Self::New(v) => v.serialize(ctx, writer),
+            Self::Edited(v) => v.serialize(ctx, writer),
+            Self::Deleted(v) => v.serialize(ctx, writer),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        false
+    }
 }

@@ -69,6 +69,28 @@ impl Batch {
     }
 }
 
+/// The Cassandra requests that write `changes`: those of one partition (`key`) together,
+/// at most `max_rows` a request, in the order they came.
+pub fn requests<K: std::hash::Hash + Eq>(
+    changes: &[Change],
+    key: impl Fn(&Change) -> K,
+    max_rows: usize,
+) -> Vec<Vec<&Change>> {
+    let max_rows = max_rows.max(1);
+    let mut open: HashMap<K, usize> = HashMap::new();
+    let mut requests: Vec<Vec<&Change>> = Vec::new();
+    for change in changes {
+        let at = *open.entry(key(change)).or_insert(requests.len());
+        if at < requests.len() && requests[at].len() < max_rows {
+            requests[at].push(change);
+        } else {
+            open.insert(key(change), requests.len());
+            requests.push(vec![change]);
+        }
+    }
+    requests
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,5 +146,45 @@ mod tests {
         batch.forget_offsets(&[1]);
         assert_eq!(batch.changes.len(), 2);
         assert_eq!(batch.done(), vec![(0, 2)]);
+    }
+
+    #[test]
+    fn a_request_holds_one_partitions_changes_up_to_its_bound() {
+        let changes: Vec<Change> = [(1, 1), (2, 1), (1, 2), (1, 3), (3, 1), (1, 4)]
+            .into_iter()
+            .map(|(c, s)| new(c, s))
+            .collect();
+        let seqs = |max_rows| {
+            requests(&changes, Change::conversation, max_rows)
+                .iter()
+                .map(|r| {
+                    r.iter()
+                        .map(|c| (c.conversation(), c.seq()))
+                        .collect::<Vec<_>>()
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            seqs(100),
+            vec![
+                vec![(1, 1), (1, 2), (1, 3), (1, 4)],
+                vec![(2, 1)],
+                vec![(3, 1)],
+            ]
+        );
+        assert_eq!(
+            seqs(2),
+            vec![
+                vec![(1, 1), (1, 2)],
+                vec![(2, 1)],
+                vec![(1, 3), (1, 4)],
+                vec![(3, 1)],
+            ]
+        );
+        assert_eq!(
+            seqs(0).len(),
+            changes.len(),
+            "a bound of 0 is one row a request"
+        );
     }
 }

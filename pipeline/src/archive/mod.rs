@@ -4,10 +4,12 @@
 //! conversation's messages are archived, and only then releases the records' offsets.
 //!
 //! Changes are gathered for `archive.linger_ms` or `archive.max_batch` changes
-//! ([`batch`]) and written with `archive.write_concurrency` requests in flight. Each
-//! write carries the change's own time as its Cassandra write timestamp, so the order
-//! in which they land does not matter, and a batch written twice (a retry, a replay
-//! after a crash, a rebalance) leaves the archive as it was.
+//! ([`batch`]) and written with `archive.write_concurrency` requests in flight, the
+//! changes of one Cassandra partition in one request (an unlogged single-partition
+//! batch of at most `archive.rows_per_write`). Each write carries the change's own time
+//! as its Cassandra write timestamp, so the order in which they land does not matter,
+//! and a batch written twice (a retry, a replay after a crash, a rebalance) leaves the
+//! archive as it was.
 //!
 //! Cassandra or PostgreSQL down or slow is an outage, never a reason to skip: the batch
 //! stays, the reader holds its position and retries with backoff (the runtime's hold).
@@ -64,12 +66,7 @@ impl Archiver {
         let started = Instant::now();
         let changes = self.batch.changes.len();
         self.handle
-            .block_on(write_batch(
-                &self.cold,
-                &self.pool,
-                &self.batch,
-                self.cfg.write_concurrency,
-            ))
+            .block_on(write_batch(&self.cold, &self.pool, &self.batch, &self.cfg))
             .map_err(|e| {
                 metrics::counter!("archive_write_failures_total").increment(1);
                 Failure::Retriable(e)
@@ -90,11 +87,19 @@ async fn write_batch(
     cold: &Cold,
     pool: &PgPool,
     batch: &Batch,
-    concurrency: usize,
+    cfg: &ArchiveSettings,
 ) -> anyhow::Result<()> {
     let hot_retention_s = cold.settings().hot_retention_s;
-    stream::iter(batch.changes.iter().map(|change| cold.write(change)))
-        .buffer_unordered(concurrency.max(1))
+    let requests = batch::requests(
+        &batch.changes,
+        |change| cold.partition_of(change),
+        cfg.rows_per_write,
+    );
+    for request in &requests {
+        metrics::histogram!("archive_write_rows").record(request.len() as f64);
+    }
+    stream::iter(requests.iter().map(|rows| cold.write_partition(rows)))
+        .buffer_unordered(cfg.write_concurrency.max(1))
         .try_collect::<()>()
         .await
         .context("writing to Cassandra")?;
