@@ -80,12 +80,13 @@ pub fn requests<K: std::hash::Hash + Eq>(
     let mut open: HashMap<K, usize> = HashMap::new();
     let mut requests: Vec<Vec<&Change>> = Vec::new();
     for change in changes {
-        let at = *open.entry(key(change)).or_insert(requests.len());
-        if at < requests.len() && requests[at].len() < max_rows {
-            requests[at].push(change);
-        } else {
-            open.insert(key(change), requests.len());
-            requests.push(vec![change]);
+        let key = key(change);
+        match open.get(&key) {
+            Some(&at) if requests[at].len() < max_rows => requests[at].push(change),
+            _ => {
+                open.insert(key, requests.len());
+                requests.push(vec![change]);
+            }
         }
     }
     requests
