@@ -9,7 +9,8 @@ BEGIN
 
     RETURN QUERY
     WITH req AS (
-        SELECT r.*, cv.last_seq AS top, mem.member IS NOT NULL AS is_member,
+        SELECT r.*, cv.last_seq AS top, cv.deleted_count AS top_deleted,
+               cv.reply_count AS top_replies, mem.member IS NOT NULL AS is_member,
                blk.blocked IS NOT NULL AS blocked,
                mem.member IS NOT NULL AND blk.blocked IS NULL AS member,
                s.seq AS s_seq, s.sender_id AS s_sender, s.body AS s_body,
@@ -19,7 +20,8 @@ BEGIN
                WITH ORDINALITY AS r(conv, sender, client_id, body, at, event_id, head,
                                     tail, root, i)
           LEFT JOIN LATERAL (
-                SELECT c.last_seq FROM conversation c WHERE c.id = r.conv LIMIT 1) cv ON true
+                SELECT c.last_seq, c.deleted_count, c.reply_count FROM conversation c
+                 WHERE c.id = r.conv LIMIT 1) cv ON true
           LEFT JOIN LATERAL (
                 SELECT true AS member FROM conversation_member m
                  WHERE m.conversation_id = r.conv AND m.user_id = r.sender
@@ -44,7 +46,7 @@ BEGIN
     ),
     fresh AS (
         SELECT l.i, l.conv, l.sender, l.client_id, l.body, l.at, l.event_id, l.head,
-               l.tail, l.root,
+               l.tail, l.root, l.top_deleted, l.top_replies,
                l.top + row_number() OVER (PARTITION BY l.conv ORDER BY l.i) AS seq
           FROM looked l
          WHERE l.member AND l.s_seq IS NULL AND l.nth = 1
@@ -64,20 +66,15 @@ BEGIN
                   FROM fresh f ORDER BY f.conv, f.seq DESC) AS l
          WHERE c.id = l.conv
     ),
-    -- A sender has read what they sent, and passed over the deleted seqs and the
-    -- replies on the way.
+    -- A sender has read what they sent, and so passed every seq the conversation had
+    -- before this statement: all its deleted top-level seqs and all its replies (the
+    -- conversation's counts, read under its row lock), and the replies of this batch
+    -- up to their own (migration 20261207000003).
     reads AS (
         UPDATE conversation_member m
            SET last_read_seq = GREATEST(m.last_read_seq, t.seq),
-               deleted_read = m.deleted_read + (
-                   SELECT count(*) FROM message d
-                    WHERE d.conversation_id = t.conv AND d.deleted_at IS NOT NULL
-                      AND d.thread_root_seq IS NULL
-                      AND d.seq > m.last_read_seq AND d.seq <= t.seq),
-               reply_read = m.reply_read + (
-                   SELECT count(*) FROM message d
-                    WHERE d.conversation_id = t.conv AND d.thread_root_seq IS NOT NULL
-                      AND d.seq > m.last_read_seq AND d.seq <= t.seq) + (
+               deleted_read = t.top_deleted,
+               reply_read = t.top_replies + (
                    SELECT count(*) FROM fresh r
                     WHERE r.conv = t.conv AND r.root IS NOT NULL AND r.seq <= t.seq),
                mention_read = m.mention_read + (
@@ -85,7 +82,8 @@ BEGIN
                     WHERE n.conversation_id = t.conv AND n.user_id = t.sender
                       AND n.seq > m.last_read_seq AND n.seq <= t.seq),
                changed_xid = pg_current_xact_id()
-          FROM (SELECT f.conv, f.sender, max(f.seq) AS seq
+          FROM (SELECT f.conv, f.sender, max(f.seq) AS seq,
+                       max(f.top_deleted) AS top_deleted, max(f.top_replies) AS top_replies
                   FROM fresh f GROUP BY f.conv, f.sender) AS t
          WHERE m.conversation_id = t.conv AND m.user_id = t.sender
     ),

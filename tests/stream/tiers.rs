@@ -144,12 +144,15 @@ async fn history_pages_the_same_across_the_tiers_and_archived_messages_change_as
     for _ in 0..CONVERSATIONS {
         conversations.push(p.app.user(1).create_group(&[2, 3]).await);
     }
+    // Dave (4) reads nothing of this one while its first 60 are sent and moved out.
+    let lagging = p.app.user(1).create_group(&[2, 3, 4]).await;
     // Bob syncs before anything is sent, and again after the move (below).
     let bobs_cursor = p.app.user(2).get("/v1/sync?limit=200").await.expect(200)["nextCursor"]
         .as_str()
         .unwrap()
         .to_owned();
     join_all(conversations.iter().map(|&c| fill(&p.app, c, 1..=MOVED))).await;
+    fill(&p.app, lagging, 1..=MOVED).await;
     let mut before: HashMap<i64, Vec<Value>> = HashMap::new();
     for &c in &conversations {
         before.insert(c, walk_down(&p.app, c, 200).await);
@@ -161,12 +164,15 @@ async fn history_pages_the_same_across_the_tiers_and_archived_messages_change_as
         Duration::from_secs(90),
         async || {
             let m = moved(&p, &conversations).await;
+            let l = moved(&p, &[lagging]).await;
             conversations.iter().all(|c| m.get(c) == Some(&(MOVED, 0)))
+                && l.get(&lagging) == Some(&(MOVED, 0))
         },
     )
     .await;
     // Nothing more moves: the archiver is gone, so nothing newer is archived.
     archiver.kill().await.unwrap();
+    a_send_passes_archived_deletes_and_replies(&p, lagging).await;
     join_all(
         conversations
             .iter()
@@ -291,6 +297,45 @@ async fn history_pages_the_same_across_the_tiers_and_archived_messages_change_as
     archived_messages_change_as_hot_ones(&p, conversations[0], &before[&conversations[0]]).await;
     drop_keyspace(&cql, &p.ns).await;
     p.cleanup().await;
+}
+
+/// Dave, a member of `conv` who has read nothing, sends once all its messages have moved
+/// out of PostgreSQL: he has passed every deleted message and every reply, although
+/// `message` holds none of them, so he has nothing unread (the inbox), and his counts
+/// of the deleted and replies passed are those `fill` made.
+async fn a_send_passes_archived_deletes_and_replies(p: &Pipeline, conv: i64) {
+    let sent = p
+        .app
+        .user(4)
+        .post(
+            &format!("/v1/conversations/{conv}/messages"),
+            json!({"clientMsgId": uuid::Uuid::new_v4(), "body": "back"}),
+        )
+        .await
+        .expect(201)["seq"]
+        .as_i64()
+        .unwrap();
+    assert_eq!(sent, MOVED + 1);
+    let inbox = p.app.user(4).get("/v1/inbox?limit=100").await.expect(200);
+    let entry = inbox["conversations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["conversationId"] == conv)
+        .unwrap_or_else(|| panic!("{conv} in Dave's inbox: {inbox}"))
+        .clone();
+    assert_eq!(entry["unreadCount"], 0, "{entry}");
+    let (deleted_read, reply_read): (i64, i64) = sqlx::query_as(
+        "SELECT deleted_read, reply_read FROM conversation_member
+          WHERE conversation_id = $1 AND user_id = 4",
+    )
+    .bind(conv)
+    .fetch_one(&p.app.pool)
+    .await
+    .unwrap();
+    let deleted = (1..=MOVED).filter(|&i| i % 5 == 0 && !is_reply(i)).count();
+    let replies = (1..=MOVED).filter(|&i| is_reply(i)).count();
+    assert_eq!((deleted_read, reply_read), (deleted as i64, replies as i64));
 }
 
 /// Carol replies to seq 3 of `conv`, Alice's, archived, nobody's root before: as after
