@@ -8,15 +8,16 @@ BEGIN
     RETURN QUERY
     UPDATE conversation_member m
        SET last_read_seq = LEAST(b.seq, c.last_seq),
-           deleted_read = m.deleted_read + (
+           -- What the conversation counts, less what lies past the new watermark
+           -- (migration 20261207000004).
+           deleted_read = c.deleted_count - (
                SELECT count(*) FROM message d
                 WHERE d.conversation_id = m.conversation_id AND d.deleted_at IS NOT NULL
-                  AND d.thread_root_seq IS NULL
-                  AND d.seq > m.last_read_seq AND d.seq <= LEAST(b.seq, c.last_seq)),
-           reply_read = m.reply_read + (
+                  AND d.thread_root_seq IS NULL AND d.seq > LEAST(b.seq, c.last_seq)),
+           reply_read = c.reply_count - (
                SELECT count(*) FROM message d
                 WHERE d.conversation_id = m.conversation_id AND d.thread_root_seq IS NOT NULL
-                  AND d.seq > m.last_read_seq AND d.seq <= LEAST(b.seq, c.last_seq)),
+                  AND d.seq > LEAST(b.seq, c.last_seq)),
            mention_read = m.mention_read + (
                SELECT count(*) FROM message_mention n
                 WHERE n.conversation_id = m.conversation_id AND n.user_id = m.user_id

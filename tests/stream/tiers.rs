@@ -144,8 +144,9 @@ async fn history_pages_the_same_across_the_tiers_and_archived_messages_change_as
     for _ in 0..CONVERSATIONS {
         conversations.push(p.app.user(1).create_group(&[2, 3]).await);
     }
-    // Dave (4) reads nothing of this one while its first 60 are sent and moved out.
-    let lagging = p.app.user(1).create_group(&[2, 3, 4]).await;
+    // Dave (4) and Erin (5) read nothing of this one while its first 60 are sent and
+    // moved out.
+    let lagging = p.app.user(1).create_group(&[2, 3, 4, 5]).await;
     // Bob syncs before anything is sent, and again after the move (below).
     let bobs_cursor = p.app.user(2).get("/v1/sync?limit=200").await.expect(200)["nextCursor"]
         .as_str()
@@ -173,6 +174,7 @@ async fn history_pages_the_same_across_the_tiers_and_archived_messages_change_as
     // Nothing more moves: the archiver is gone, so nothing newer is archived.
     archiver.kill().await.unwrap();
     a_send_passes_archived_deletes_and_replies(&p, lagging).await;
+    a_read_passes_archived_deletes_and_replies(&p, lagging).await;
     join_all(
         conversations
             .iter()
@@ -316,26 +318,55 @@ async fn a_send_passes_archived_deletes_and_replies(p: &Pipeline, conv: i64) {
         .as_i64()
         .unwrap();
     assert_eq!(sent, MOVED + 1);
-    let inbox = p.app.user(4).get("/v1/inbox?limit=100").await.expect(200);
+    assert_eq!(unread(p, 4, conv).await, 0);
+    assert_eq!(passed(p, 4, conv).await, archived_passed());
+}
+
+/// Erin, who has read nothing of `conv` either, reads its first 60 (all archived): as
+/// Dave's send, her read passes every deleted message and reply among them, and Dave's
+/// message is all she has unread.
+async fn a_read_passes_archived_deletes_and_replies(p: &Pipeline, conv: i64) {
+    p.app.user(5).mark_read(conv, MOVED).await;
+    assert_eq!(unread(p, 5, conv).await, 1);
+    assert_eq!(passed(p, 5, conv).await, archived_passed());
+}
+
+/// `user`'s unread count in `conv`, as their inbox answers it.
+async fn unread(p: &Pipeline, user: i64, conv: i64) -> i64 {
+    let inbox = p
+        .app
+        .user(user)
+        .get("/v1/inbox?limit=100")
+        .await
+        .expect(200);
     let entry = inbox["conversations"]
         .as_array()
         .unwrap()
         .iter()
         .find(|e| e["conversationId"] == conv)
-        .unwrap_or_else(|| panic!("{conv} in Dave's inbox: {inbox}"))
+        .unwrap_or_else(|| panic!("{conv} in {user}'s inbox: {inbox}"))
         .clone();
-    assert_eq!(entry["unreadCount"], 0, "{entry}");
-    let (deleted_read, reply_read): (i64, i64) = sqlx::query_as(
+    entry["unreadCount"].as_i64().unwrap()
+}
+
+/// How many deleted messages and replies `user` has passed in `conv` (PostgreSQL's row).
+async fn passed(p: &Pipeline, user: i64, conv: i64) -> (i64, i64) {
+    sqlx::query_as(
         "SELECT deleted_read, reply_read FROM conversation_member
-          WHERE conversation_id = $1 AND user_id = 4",
+          WHERE conversation_id = $1 AND user_id = $2",
     )
     .bind(conv)
+    .bind(user)
     .fetch_one(&p.app.pool)
     .await
-    .unwrap();
+    .unwrap()
+}
+
+/// The deleted top-level messages and the replies `fill` made among the archived ones.
+fn archived_passed() -> (i64, i64) {
     let deleted = (1..=MOVED).filter(|&i| i % 5 == 0 && !is_reply(i)).count();
     let replies = (1..=MOVED).filter(|&i| is_reply(i)).count();
-    assert_eq!((deleted_read, reply_read), (deleted as i64, replies as i64));
+    (deleted as i64, replies as i64)
 }
 
 /// Carol replies to seq 3 of `conv`, Alice's, archived, nobody's root before: as after
