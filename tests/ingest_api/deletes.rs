@@ -14,14 +14,7 @@ fn message_path(conv: i64, seq: i64) -> String {
 
 /// `user`'s unread count in `conv` as the inbox answers it.
 async fn unread(app: &TestApp, user: i64, conv: i64) -> i64 {
-    let inbox = app.user(user).get("/v1/inbox?limit=100").await.expect(200);
-    let entry = inbox["conversations"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["conversationId"] == conv)
-        .unwrap_or_else(|| panic!("{conv} in {user}'s inbox: {inbox}"))
-        .clone();
+    let entry = app.user(user).inbox_entry(conv).await;
     entry["unreadCount"].as_i64().unwrap()
 }
 

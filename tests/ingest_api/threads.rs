@@ -106,14 +106,7 @@ const SCAN_SQL: &str = "SELECT m.user_id,
    FROM conversation_member m WHERE m.conversation_id = $1 ORDER BY m.user_id";
 
 async fn inbox_counts(app: &TestApp, user: i64, conv: i64) -> (i64, i64, i64) {
-    let inbox = app.user(user).get("/v1/inbox?limit=10").await.expect(200);
-    let entry = inbox["conversations"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["conversationId"] == conv)
-        .unwrap_or_else(|| panic!("{conv} is in {user}'s inbox: {inbox}"))
-        .clone();
+    let entry = app.user(user).inbox_entry(conv).await;
     let n = |k: &str| {
         entry[k]
             .as_i64()

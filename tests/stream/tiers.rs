@@ -333,19 +333,7 @@ async fn a_read_passes_archived_deletes_and_replies(p: &Pipeline, conv: i64) {
 
 /// `user`'s unread count in `conv`, as their inbox answers it.
 async fn unread(p: &Pipeline, user: i64, conv: i64) -> i64 {
-    let inbox = p
-        .app
-        .user(user)
-        .get("/v1/inbox?limit=100")
-        .await
-        .expect(200);
-    let entry = inbox["conversations"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["conversationId"] == conv)
-        .unwrap_or_else(|| panic!("{conv} in {user}'s inbox: {inbox}"))
-        .clone();
+    let entry = p.app.user(user).inbox_entry(conv).await;
     entry["unreadCount"].as_i64().unwrap()
 }
 

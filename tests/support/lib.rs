@@ -614,6 +614,18 @@ impl Client<'_> {
         .await
         .expect(200)
     }
+
+    /// This user's inbox entry for `conversation` (among their newest 100).
+    pub async fn inbox_entry(&self, conversation: i64) -> Value {
+        let inbox = self.get("/v1/inbox?limit=100").await.expect(200);
+        inbox["conversations"]
+            .as_array()
+            .expect("conversations")
+            .iter()
+            .find(|e| e["conversationId"] == conversation)
+            .unwrap_or_else(|| panic!("{conversation} in the inbox: {inbox}"))
+            .clone()
+    }
 }
 
 /// Opens `n` sockets to `addr` (`host:port`) that send the start of a request's headers
