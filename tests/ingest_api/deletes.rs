@@ -12,12 +12,6 @@ fn message_path(conv: i64, seq: i64) -> String {
     format!("/v1/conversations/{conv}/messages/{seq}")
 }
 
-/// `user`'s unread count in `conv` as the inbox answers it.
-async fn unread(app: &TestApp, user: i64, conv: i64) -> i64 {
-    let entry = app.user(user).inbox_entry(conv).await;
-    entry["unreadCount"].as_i64().unwrap()
-}
-
 /// The same counted the slow way: the messages after the watermark that are not deleted.
 async fn counted(app: &TestApp, user: i64, conv: i64) -> i64 {
     sqlx::query_scalar(
@@ -37,7 +31,7 @@ async fn exact(app: &TestApp, conv: i64, users: &[i64]) -> Vec<i64> {
     let mut out = Vec::new();
     for &user in users {
         let (fast, slow) = (
-            unread(app, user, conv).await,
+            app.user(user).unread_count(conv).await,
             counted(app, user, conv).await,
         );
         assert_eq!(

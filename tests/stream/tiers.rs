@@ -318,7 +318,7 @@ async fn a_send_passes_archived_deletes_and_replies(p: &Pipeline, conv: i64) {
         .as_i64()
         .unwrap();
     assert_eq!(sent, MOVED + 1);
-    assert_eq!(unread(p, 4, conv).await, 0);
+    assert_eq!(p.app.user(4).unread_count(conv).await, 0);
     assert_eq!(passed(p, 4, conv).await, archived_passed());
 }
 
@@ -327,14 +327,8 @@ async fn a_send_passes_archived_deletes_and_replies(p: &Pipeline, conv: i64) {
 /// message is all she has unread.
 async fn a_read_passes_archived_deletes_and_replies(p: &Pipeline, conv: i64) {
     p.app.user(5).mark_read(conv, MOVED).await;
-    assert_eq!(unread(p, 5, conv).await, 1);
+    assert_eq!(p.app.user(5).unread_count(conv).await, 1);
     assert_eq!(passed(p, 5, conv).await, archived_passed());
-}
-
-/// `user`'s unread count in `conv`, as their inbox answers it.
-async fn unread(p: &Pipeline, user: i64, conv: i64) -> i64 {
-    let entry = p.app.user(user).inbox_entry(conv).await;
-    entry["unreadCount"].as_i64().unwrap()
 }
 
 /// How many deleted messages and replies `user` has passed in `conv` (PostgreSQL's row).

@@ -626,6 +626,13 @@ impl Client<'_> {
             .unwrap_or_else(|| panic!("{conversation} in the inbox: {inbox}"))
             .clone()
     }
+
+    /// This user's unread count in `conversation`, as their inbox answers it.
+    pub async fn unread_count(&self, conversation: i64) -> i64 {
+        self.inbox_entry(conversation).await["unreadCount"]
+            .as_i64()
+            .expect("unreadCount")
+    }
 }
 
 /// Opens `n` sockets to `addr` (`host:port`) that send the start of a request's headers
