@@ -6,7 +6,7 @@
 //! `<topic>.dlq`, and a stalled reader turns `/readyz` red.
 
 use chatpipe_runtime::{Failure, Position, Processor};
-use chatpipe_schemas::delivery::{Delivery, TYPING};
+use chatpipe_schemas::delivery::{Listed, TYPING};
 
 use crate::frames::Frame;
 use crate::sessions::Sessions;
@@ -15,13 +15,13 @@ use crate::sessions::Sessions;
 /// (`deliveries.max_pending_lists`). When the connections cannot keep up, the channel
 /// fills and the reader waits: the partition backs up in Kafka, where the lag shows.
 pub struct Pusher {
-    pub lists: tokio::sync::mpsc::Sender<Delivery>,
+    pub lists: tokio::sync::mpsc::Sender<Listed>,
 }
 
 impl Processor for Pusher {
-    type Record = Delivery;
+    type Record = Listed;
 
-    fn apply(&mut self, _at: Position, d: Delivery) -> Result<(), Failure> {
+    fn apply(&mut self, _at: Position, d: Listed) -> Result<(), Failure> {
         metrics::gauge!("gateway_deliveries_pending")
             .set((self.lists.max_capacity() - self.lists.capacity()) as f64);
         self.lists
@@ -33,8 +33,16 @@ impl Processor for Pusher {
 /// The runtime's side: queues each list's frame for the sessions of its users, and lets
 /// the connections write before the next one (a burst read from Kafka in one go must
 /// not fill queues that are draining fine). Ends when the reader does.
-pub async fn push(mut lists: tokio::sync::mpsc::Receiver<Delivery>, sessions: Sessions) {
-    while let Some(d) = lists.recv().await {
+/// A fanout member's `presence.applied` may make sessions ready ([`crate::ready`]).
+pub async fn push(mut lists: tokio::sync::mpsc::Receiver<Listed>, sessions: Sessions) {
+    while let Some(listed) = lists.recv().await {
+        let d = match listed {
+            Listed::List(d) => d,
+            Listed::PresenceApplied(applied) => {
+                sessions.presence_applied(applied);
+                continue;
+            }
+        };
         tracing::debug!(
             conversation_id = %d.conversation_id,
             seq = ?d.seq,

@@ -41,6 +41,10 @@ pub enum Frame {
     /// Pushes may have been lost while the connection stayed open: catch up over REST.
     #[serde(rename = "resync")]
     Resync { reason: &'static str },
+    /// This connection's pushes are live: everything committed from `pushesFrom` on is
+    /// pushed. Catch up over REST once, now.
+    #[serde(rename = "ready", rename_all = "camelCase")]
+    Ready { pushes_from: String },
 }
 
 /// A push in full or light.
@@ -259,6 +263,13 @@ impl Frame {
     /// The frame's JSON text, as it goes on the socket.
     pub fn text(&self) -> String {
         serde_json::to_string(self).expect("a frame serializes")
+    }
+
+    /// `ready`, from now.
+    pub fn ready() -> Self {
+        Self::Ready {
+            pushes_from: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        }
     }
 }
 

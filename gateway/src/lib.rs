@@ -1,7 +1,8 @@
 //! The WebSocket gateway. Clients connect to `GET /ws` with the same JWT as the REST
 //! API; the gateway keeps a session per connection (several per user), tells
 //! chat.presence which users it holds ([`presence`]), and pushes the fanout lists of its
-//! chat.deliveries partition to them ([`deliveries`]).
+//! chat.deliveries partition to them ([`deliveries`]); a new session is told `ready` once
+//! its pushes are live ([`ready`]).
 
 pub mod client;
 pub mod configuration;
@@ -9,6 +10,7 @@ pub mod connection;
 pub mod deliveries;
 pub mod frames;
 pub mod presence;
+pub mod ready;
 pub mod resync;
 pub mod routes;
 pub mod sessions;

@@ -6,6 +6,7 @@
 //! users offline: once the broker answers again, every lease is renewed at once and the
 //! clients are told to catch up ([`crate::resync`]).
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use chatpipe_core::kafka::FutureProducer;
@@ -74,14 +75,14 @@ impl Publisher {
         if users.is_empty() {
             return;
         }
-        if !self.publish(users).await {
+        if !self.publish(users, sessions).await {
             lapse.unacknowledged(Instant::now());
             return;
         }
         let Some(silent) = lapse.acknowledged(Instant::now()) else {
             return;
         };
-        if self.publish(&sessions.counts()).await {
+        if self.publish(&sessions.counts(), sessions).await {
             resync::broadcast(
                 sessions,
                 resync::Cause::Presence,
@@ -103,7 +104,24 @@ impl Publisher {
     /// seconds, longer than a lease; waiting for it here let every lease of the gateway
     /// expire in fanout, and pushes stopped for that long. True when every record was
     /// acknowledged in that time.
-    pub async fn publish(&self, users: &[(UserId, usize)]) -> bool {
+    pub async fn publish(&self, users: &[(UserId, usize)], sessions: &Sessions) -> bool {
+        // Sessions waiting for a record written after they joined: these are.
+        let present: Vec<UserId> = users
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(u, _)| *u)
+            .collect();
+        let claimed = sessions.claim_ready(&present);
+        let (acknowledged, written) = self.write(users).await;
+        for (user, waiting) in claimed {
+            sessions.presence_written(user, waiting, written.get(&user).copied());
+        }
+        acknowledged
+    }
+
+    /// [`Publisher::publish`]'s writes: whether all were acknowledged in time, and where
+    /// each acknowledged one is.
+    async fn write(&self, users: &[(UserId, usize)]) -> (bool, HashMap<UserId, (i32, i64)>) {
         let expires = chrono::Utc::now().timestamp_millis() + self.lease.as_millis() as i64;
         let sends = users.iter().map(|(user, count)| {
             let key = key(*user, &self.gateway_id);
@@ -122,7 +140,10 @@ impl Publisher {
                 if let Some(value) = &value {
                     record = record.payload(value);
                 }
-                self.producer.send(record, Duration::from_secs(10)).await
+                (
+                    *user,
+                    self.producer.send(record, Duration::from_secs(10)).await,
+                )
             }
         });
         let tick = self.renew / RENEW_SLICES as u32;
@@ -134,12 +155,16 @@ impl Publisher {
                 users = users.len(),
                 "presence records not acknowledged within {wait:?}: left queued in the producer"
             );
-            return false;
+            return (false, HashMap::new());
         };
         let mut acknowledged = true;
-        for result in results {
+        let mut written = HashMap::new();
+        for (user, result) in results {
             match result {
-                Ok(_) => metrics::counter!("gateway_presence_records_total").increment(1),
+                Ok(at) => {
+                    written.insert(user, (at.partition, at.offset));
+                    metrics::counter!("gateway_presence_records_total").increment(1);
+                }
                 Err((err, _)) => {
                     acknowledged = false;
                     metrics::counter!("gateway_presence_errors_total").increment(1);
@@ -147,6 +172,6 @@ impl Publisher {
                 }
             }
         }
-        acknowledged
+        (acknowledged, written)
     }
 }

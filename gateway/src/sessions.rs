@@ -7,7 +7,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use chatpipe_core::UserId;
+use chatpipe_schemas::delivery::PresenceApplied;
 use tokio::sync::{mpsc, Notify};
+use tokio::time::Instant;
+
+use crate::frames::Frame;
+use crate::ready::{Claimed, Ready, ReadyTable};
 
 pub type SessionId = u64;
 
@@ -48,6 +53,8 @@ struct Inner {
     total: usize,
     /// Users whose session count changed since presence last looked.
     changed: HashSet<UserId>,
+    /// Sessions not yet told `ready`.
+    ready: ReadyTable,
 }
 
 /// The registry is cheap to clone; all clones share one table.
@@ -107,7 +114,8 @@ impl Sessions {
             return Err(AtCapacity(self.max_sessions));
         }
         if replaces {
-            let (_, oldest) = list.remove(0);
+            let (oldest_id, oldest) = list.remove(0);
+            inner.ready.left(user, oldest_id);
             // Its queue may be full (then it is closing for overflow anyway); with its
             // sender gone it ends once it has drained what is queued.
             let _ = oldest.try_send(Outbound::Replaced);
@@ -120,6 +128,8 @@ impl Sessions {
         // One slot more than the bound for the overflow notice itself.
         let (tx, rx) = mpsc::channel(self.queue_bound + 1);
         list.push((id, tx));
+        inner.ready.joined(user, id, Instant::now());
+        metrics::gauge!("gateway_sessions_awaiting_ready").set(inner.ready.waiting() as f64);
         inner.changed.insert(user);
         self.changes.notify_one();
         Ok(Session {
@@ -136,6 +146,7 @@ impl Sessions {
         if let Some(list) = inner.by_user.get_mut(&user) {
             let before = list.len();
             list.retain(|(sid, _)| *sid != id);
+            inner.ready.left(user, id);
             if list.len() < before {
                 inner.total -= 1;
                 metrics::gauge!("gateway_connections").decrement(1.0);
@@ -181,6 +192,37 @@ impl Sessions {
         inner.by_user.iter().map(|(u, s)| (*u, s.len())).collect()
     }
 
+    /// Takes the sessions of `users` still waiting for a presence record: this gateway is
+    /// about to write one for each (see [`crate::ready`]).
+    pub fn claim_ready(&self, users: &[UserId]) -> Claimed {
+        self.inner.lock().expect("sessions lock").ready.claim(users)
+    }
+
+    /// The presence record of `user` written for `sessions` was acknowledged at
+    /// (partition, offset), or (`None`) not: then they wait for the next one.
+    pub fn presence_written(
+        &self,
+        user: UserId,
+        sessions: Vec<(SessionId, Instant)>,
+        at: Option<(i32, i64)>,
+    ) {
+        let mut inner = self.inner.lock().expect("sessions lock");
+        match at {
+            Some(at) => {
+                let ready = inner.ready.place(user, sessions, at, Instant::now());
+                send_ready(&mut inner, ready);
+            }
+            None => inner.ready.unclaim(user, sessions),
+        }
+    }
+
+    /// A fanout member's `presence.applied`: tells the sessions it makes ready.
+    pub fn presence_applied(&self, ack: PresenceApplied) {
+        let mut inner = self.inner.lock().expect("sessions lock");
+        let ready = inner.ready.applied(ack, Instant::now());
+        send_ready(&mut inner, ready);
+    }
+
     /// Queues `frame` for every session of every user in `users`; returns how many
     /// sessions got it. A session whose queue is full is told to close.
     pub fn push(&self, users: &[UserId], frame: &str) -> usize {
@@ -217,6 +259,30 @@ impl Sessions {
         }
         metrics::counter!("gateway_pushes_total").increment(delivered as u64);
         delivered
+    }
+}
+
+/// Queues `ready` for each of `ready`'s sessions still here.
+fn send_ready(inner: &mut Inner, ready: Vec<Ready>) {
+    metrics::gauge!("gateway_sessions_awaiting_ready").set(inner.ready.waiting() as f64);
+    if ready.is_empty() {
+        return;
+    }
+    let frame = Arc::new(Pushed {
+        text: Frame::ready().text().into(),
+        committed_at: None,
+    });
+    for r in ready {
+        let session = inner
+            .by_user
+            .get(&r.user)
+            .and_then(|list| list.iter().find(|(id, _)| *id == r.session));
+        if let Some((_, tx)) = session {
+            // A full queue is closing for overflow already.
+            if tx.try_send(Outbound::Frame(frame.clone())).is_ok() {
+                metrics::histogram!("gateway_ready_seconds").record(r.waited.as_secs_f64());
+            }
+        }
     }
 }
 

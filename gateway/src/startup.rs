@@ -68,7 +68,7 @@ pub async fn run(
             }
             let mut last = sessions.take_changes();
             last.extend(sessions.counts().into_iter().map(|(u, _)| (u, 0)));
-            publisher.publish(&last).await;
+            publisher.publish(&last, &sessions).await;
             Ok(())
         });
     }
@@ -185,7 +185,7 @@ async fn deliveries_reader(
     settings: &Settings,
     registry: &Registry,
     readiness: &Readiness,
-    lists: tokio::sync::mpsc::Sender<chatpipe_schemas::delivery::Delivery>,
+    lists: tokio::sync::mpsc::Sender<chatpipe_schemas::delivery::Listed>,
 ) -> anyhow::Result<(ReaderThread, Reader<deliveries::Pusher>)> {
     let patience = settings.registry.startup_wait();
     let d = settings.deliveries.clone();

@@ -261,7 +261,7 @@ const RENEW_BEFORE_EXPIRY_MS = 5 * 60 * 1000;
  * Callbacks:
  *   onFrame(frame)   every JSON frame the gateway pushes
  *   onState(state, detail)  'connecting' | 'online' | 'reconnecting' | 'replaced' | 'offline'
- *   onOpen()         after every (re)connection: the time to catch up over REST
+ *   onOpen()         after every (re)connection (catch up on its `ready` frame)
  */
 export class Gateway {
   constructor(url, api, { onFrame, onState, onOpen }) {

@@ -31,10 +31,15 @@ const RECEIPTS_TRACKED = 10;
 /** The inbox preview is the first 120 characters, as the API's. */
 const PREVIEW_CHARS = 120;
 /**
- * Pushes start "within a moment" of the connection (protocol.md), not at once: a second
- * catch-up this long after connecting picks up anything committed in that moment.
+ * After a `resync` the gateway has renewed its presence, and fanout may take a moment to
+ * read it (protocol.md): a second catch-up this long after the first picks up that moment.
  */
 const SECOND_CATCH_UP_MS = 2000;
+/**
+ * A new socket catches up on its `ready` frame; if that has not come this long after the
+ * connection (no fanout member running), it catches up without it (protocol.md).
+ */
+const READY_WAIT_MS = 5000;
 /** The reactions the "+" button offers (any emoji or short name works over the API). */
 const QUICK_REACTIONS = ['👍', '❤️', '😂', '🎉', '😮', '🙏'];
 
@@ -47,6 +52,7 @@ const state = {
   api: null, // Api for that user
   gateway: null, // Gateway (WebSocket)
   connection: { state: 'offline', detail: '' },
+  readyWait: null, // the timer that catches up if a new socket's `ready` does not come
 
   /** conversationId -> the inbox row's data (as GET /inbox shows it). */
   conversations: new Map(),
@@ -568,6 +574,11 @@ function onFrame(frame) {
     case 'thread.read':
       onThreadRead(frame);
       break;
+    case 'ready':
+      // This socket's pushes are live: whatever came before is in the REST API.
+      clearTimeout(state.readyWait);
+      catchUp();
+      break;
     case 'resync':
       // Pushes may have been lost while this socket stayed open (a broker outage).
       catchUp();
@@ -843,9 +854,11 @@ async function signIn(userId) {
       state.connection = { state: connection, detail };
       render();
     },
+    // A new socket catches up once, on its `ready` frame (docs/protocol.md); if none
+    // comes in READY_WAIT_MS (no fanout running), once without it, and again on `ready`.
     onOpen: () => {
-      catchUp();
-      setTimeout(catchUp, SECOND_CATCH_UP_MS);
+      clearTimeout(state.readyWait);
+      state.readyWait = setTimeout(catchUp, READY_WAIT_MS);
     },
   });
   state.gateway.start();

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use apache_avro::Schema;
 use chatpipe_schemas::avro::{from_value, read_with, split_frame};
-use chatpipe_schemas::delivery::Delivery;
+use chatpipe_schemas::delivery::Listed;
 use chatpipe_schemas::receipt::ReadReceipt;
 use chatpipe_schemas::registry::{LookupError, Registry};
 use chatpipe_schemas::ChatEvent;
@@ -132,9 +132,9 @@ impl Decode for chatpipe_schemas::ephemeral::Ephemeral {
     }
 }
 
-impl Decode for Delivery {
+impl Decode for Listed {
     fn decode(message: &impl Message, schemas: &mut WriterSchemas) -> Result<Self, Failure> {
         let (writer, bytes) = schemas.framed(message)?;
-        Delivery::decode_with(writer, bytes).map_err(poison)
+        Listed::decode_with(writer, bytes).map_err(poison)
     }
 }

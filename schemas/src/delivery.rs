@@ -20,6 +20,26 @@ pub const MENTION: &str = "mention";
 pub const THREAD_READ: &str = "thread.read";
 /// Someone is typing: `userId`; never stored, from `chat.ephemeral`.
 pub const TYPING: &str = "typing";
+/// Not for clients: a fanout member tells a gateway how far it has applied
+/// chat.presence (`presenceApplied`), so the gateway knows when a new session's pushes
+/// are live.
+pub const PRESENCE_APPLIED: &str = "presence.applied";
+
+/// What one fanout member has applied of chat.presence, and which chat.events partitions
+/// it joins now (a `presence.applied` list; delivery.avsc v8).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PresenceApplied {
+    /// The fanout member: one per process.
+    pub member: String,
+    /// (chat.presence partition, the next offset to apply): every record before it is in
+    /// the member's presence table.
+    pub applied: Vec<(i32, i64)>,
+    /// The chat.events partitions the member joins now.
+    pub event_partitions: Vec<i32>,
+    /// How many partitions chat.events has.
+    pub event_partition_count: i32,
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -48,6 +68,16 @@ pub struct Delivery {
     pub thread_root_seq: Option<Seq>,
     /// thread.read: whether the reader follows the thread.
     pub following: Option<bool>,
+}
+
+/// A record of chat.deliveries: a fanout list, or a fanout member's `presence.applied`.
+// Nearly every record is a list: boxing it would cost an allocation a list to save
+// bytes on the rare presence.applied.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listed {
+    List(Delivery),
+    PresenceApplied(PresenceApplied),
 }
 
 #[derive(Debug, Clone)]
@@ -96,19 +126,83 @@ impl DeliveryCodec {
                     None => Value::Union(0, Box::new(Value::Null)),
                 },
             ),
+            ("presenceApplied", Value::Union(0, Box::new(Value::Null))),
         ]))
+    }
+
+    /// A `presence.applied` for gateway `gateway_id`, at `occurred_at` (microseconds since
+    /// the epoch): no users, conversation 0, nothing else but `presenceApplied`.
+    pub fn encode_presence_applied(
+        &self,
+        gateway_id: &str,
+        applied: &PresenceApplied,
+        occurred_at: i64,
+    ) -> Vec<u8> {
+        let null = || Value::Union(0, Box::new(Value::Null));
+        self.0.encode(record(vec![
+            ("gatewayId", Value::String(gateway_id.to_owned())),
+            ("userIds", Value::Array(Vec::new())),
+            ("light", Value::Boolean(false)),
+            ("eventType", Value::String(PRESENCE_APPLIED.into())),
+            ("conversationId", Value::Long(0)),
+            ("seq", null()),
+            ("senderId", null()),
+            ("body", null()),
+            ("userId", null()),
+            ("lastReadSeq", null()),
+            ("lastDeliveredSeq", null()),
+            ("occurredAt", Value::TimestampMicros(occurred_at)),
+            ("clientMsgId", null()),
+            ("reactionKey", null()),
+            ("reactionCount", null()),
+            ("mentions", Value::Array(Vec::new())),
+            ("threadRootSeq", null()),
+            ("following", null()),
+            (
+                "presenceApplied",
+                Value::Union(1, Box::new(applied.to_value())),
+            ),
+        ]))
+    }
+}
+
+impl Listed {
+    /// Decodes a framed value written with `writer` (any registered version).
+    pub fn decode_with(writer: &Schema, bytes: &[u8]) -> Result<Self, CodecError> {
+        let mut f = Fields::of(read_with(writer, bytes)?, "Delivery")?;
+        let kind = match f.take("eventType")? {
+            Value::String(kind) => kind,
+            other => return Err(CodecError::Shape(format!("eventType is {other:?}"))),
+        };
+        if kind != PRESENCE_APPLIED {
+            return Delivery::of_fields(kind, f).map(Self::List);
+        }
+        match f.take("presenceApplied")? {
+            Value::Union(_, v) => PresenceApplied::of(*v).map(Self::PresenceApplied),
+            other => PresenceApplied::of(other).map(Self::PresenceApplied),
+        }
     }
 }
 
 impl Delivery {
     /// Decodes a framed value written with `writer` (any registered version).
+    /// Decodes a framed fanout list written with `writer` (any registered version); a
+    /// `presence.applied` is an error here (see [`Listed`]).
     pub fn decode_with(writer: &Schema, bytes: &[u8]) -> Result<Self, CodecError> {
-        let mut f = Fields::of(read_with(writer, bytes)?, "Delivery")?;
+        match Listed::decode_with(writer, bytes)? {
+            Listed::List(d) => Ok(d),
+            Listed::PresenceApplied(_) => Err(CodecError::Shape(
+                "a presence.applied, not a fanout list".into(),
+            )),
+        }
+    }
+
+    fn of_fields(event_type: String, mut f: Fields) -> Result<Self, CodecError> {
         Ok(Self {
             gateway_id: f.string("gatewayId")?,
             user_ids: f.ids("userIds")?,
             light: f.boolean("light")?,
-            event_type: f.string("eventType")?,
+            event_type,
             conversation_id: f.id("conversationId")?,
             seq: f.opt_id("seq")?,
             sender_id: f.opt_id("senderId")?,
@@ -147,6 +241,66 @@ impl Delivery {
                 None
             },
             following: f.opt_boolean("following")?,
+        })
+    }
+}
+
+impl PresenceApplied {
+    fn to_value(&self) -> Value {
+        let int = |v: i32| Value::Int(v);
+        record(vec![
+            ("member", Value::String(self.member.clone())),
+            (
+                "applied",
+                Value::Array(
+                    self.applied
+                        .iter()
+                        .map(|(p, next)| {
+                            record(vec![("partition", int(*p)), ("next", long(*next))])
+                        })
+                        .collect(),
+                ),
+            ),
+            (
+                "eventPartitions",
+                Value::Array(self.event_partitions.iter().map(|p| int(*p)).collect()),
+            ),
+            ("eventPartitionCount", int(self.event_partition_count)),
+        ])
+    }
+
+    fn of(value: Value) -> Result<Self, CodecError> {
+        let mut f = Fields::of(value, "PresenceApplied")?;
+        let int = |name: &str, v: i64| {
+            i32::try_from(v).map_err(|_| CodecError::Shape(format!("{name} {v} is not an int")))
+        };
+        let applied = match f.take("applied")? {
+            Value::Array(items) => items
+                .into_iter()
+                .map(|item| {
+                    let mut o = Fields::of(item, "PresenceOffset")?;
+                    Ok((int("partition", o.long("partition")?)?, o.long("next")?))
+                })
+                .collect::<Result<_, CodecError>>()?,
+            other => return Err(CodecError::Shape(format!("applied is {other:?}"))),
+        };
+        let event_partitions = match f.take("eventPartitions")? {
+            Value::Array(items) => items
+                .into_iter()
+                .map(|v| match v {
+                    Value::Int(p) => Ok(p),
+                    other => Err(CodecError::Shape(format!(
+                        "eventPartitions holds {other:?}"
+                    ))),
+                })
+                .collect::<Result<_, CodecError>>()?,
+            other => return Err(CodecError::Shape(format!("eventPartitions is {other:?}"))),
+        };
+        Ok(Self {
+            member: f.string("member")?,
+            applied,
+            event_partitions,
+            event_partition_count: int("eventPartitionCount", f.long("eventPartitionCount")?)?,
         })
     }
 }
@@ -190,5 +344,22 @@ mod tests {
             assert_eq!(Delivery::decode_with(codec.0.schema(), &bytes).unwrap(), d);
         }
         assert!(Delivery::decode_with(codec.0.schema(), b"junk").is_err());
+    }
+
+    #[test]
+    fn a_presence_applied_round_trips_and_is_no_fanout_list() {
+        let codec = DeliveryCodec::new(5);
+        let applied = PresenceApplied {
+            member: "fanout-1".into(),
+            applied: vec![(0, 12), (3, 7)],
+            event_partitions: vec![1, 2],
+            event_partition_count: 3,
+        };
+        let bytes = codec.encode_presence_applied("gw-0", &applied, 1_764_480_000_000_001);
+        assert_eq!(
+            Listed::decode_with(codec.0.schema(), &bytes).unwrap(),
+            Listed::PresenceApplied(applied)
+        );
+        assert!(Delivery::decode_with(codec.0.schema(), &bytes).is_err());
     }
 }

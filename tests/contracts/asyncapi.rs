@@ -70,6 +70,7 @@ fn every_topic_and_every_frame_type_is_in_the_asyncapi_document() {
         MENTION,
         TYPING,
         gateway::resync::RESYNC,
+        "ready",
         "ack",
     ] {
         assert!(names.contains(frame), "no message named {frame}");
@@ -135,6 +136,9 @@ fn every_frame_the_gateway_makes_is_valid_against_its_asyncapi_payload() {
         assert_eq!(json["type"], gateway::resync::RESYNC);
         frames.push(serde_json::json!({"message": "resync", "frame": json}));
     }
+    let ready: serde_json::Value = serde_json::from_str(&Frame::ready().text()).unwrap();
+    assert_eq!(ready["type"], "ready");
+    frames.push(serde_json::json!({"message": "ready", "frame": ready}));
     let file = std::env::temp_dir().join(format!("chatpipe-frames-{}.json", std::process::id()));
     std::fs::write(&file, serde_json::to_vec(&frames).unwrap()).unwrap();
     let out = crate::run_python(&[

@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use chatpipe_tests::push::Seen;
 use chatpipe_tests::stream::{dlq_records, produce_raw, produce_raw_to, spawn_pipeline};
 
 use crate::{is_message, PRESENCE_DEADLINE, PUSH_DEADLINE};
@@ -106,12 +105,12 @@ async fn a_stopping_gateway_closes_with_1001_and_takes_its_users_offline_at_once
     fanout.wait_online(&[bob], PRESENCE_DEADLINE).await;
 
     gw.stop().await.unwrap();
-    match ws.next(Duration::from_secs(10)).await {
-        Some(Seen::Closed(Some(close))) => {
+    match ws.until_closed(Duration::from_secs(10)).await {
+        Some(close) => {
             assert_eq!(u16::from(close.code), 1001);
             assert_eq!(close.reason.as_str(), "gateway shutting down");
         }
-        other => panic!("expected a 1001 close: {other:?}"),
+        None => panic!("expected a 1001 close, got none"),
     }
     fanout.wait_offline(&[bob], Duration::from_secs(10)).await;
     p.cleanup().await;

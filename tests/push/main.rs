@@ -12,6 +12,7 @@ mod membership;
 mod mentions;
 mod notifications;
 mod reactions;
+mod ready;
 mod slow_client;
 mod threads;
 mod tokens;

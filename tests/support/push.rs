@@ -241,10 +241,12 @@ impl Pipeline {
             let bytes = m.payload().expect("fanout lists have values");
             let (id, _) = chatpipe_schemas::avro::split_frame(bytes).expect("framed Avro");
             let writer = registry.writer_schema(id).await.expect("the writer schema");
-            lists.push(
-                chatpipe_schemas::delivery::Delivery::decode_with(&writer, bytes)
-                    .expect("a fanout list"),
-            );
+            // A fanout member's presence.applied is for the gateway, not a list.
+            use chatpipe_schemas::delivery::Listed;
+            if let Listed::List(list) = Listed::decode_with(&writer, bytes).expect("a fanout list")
+            {
+                lists.push(list);
+            }
         }
         crate::stream::close_consumer(consumer, "deliveries").await;
         lists
@@ -453,6 +455,20 @@ impl WsClient {
                 }
                 Some(Ok(_)) => {}
                 Some(Err(_)) | None => return Some(Seen::Closed(None)),
+            }
+        }
+    }
+
+    /// Reads past frames until the connection closes; its close frame (`None`: closed
+    /// without one). Fails the test at the deadline.
+    pub async fn until_closed(&mut self, deadline: Duration) -> Option<CloseFrame> {
+        let until = Instant::now() + deadline;
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            match self.next(left).await {
+                Some(Seen::Closed(close)) => return close,
+                Some(Seen::Frame(_)) => continue,
+                None => panic!("the connection is still open after {deadline:?}"),
             }
         }
     }

@@ -62,6 +62,14 @@ impl Processor for Fanout {
 
     fn apply(&mut self, at: Position, record: Versioned) -> Result<(), Failure> {
         if !self.state.restored.contains(&at.partition) {
+            // A partition new to this member: first the presence its previous owner
+            // had applied (a gateway's `ready` may count on it), then its members.
+            super::presence::catch_up_now(
+                &self.out.status,
+                &self.out.kafka,
+                &self.cfg.presence_topic,
+                Duration::from_secs(1),
+            )?;
             self.restore(at.partition)?;
         }
         self.check_version(at, &record)?;
@@ -122,7 +130,12 @@ impl Processor for Fanout {
     /// offsets are released and committed with the revoke: the next owner starts after
     /// what was pushed instead of pushing it again. If the broker does not acknowledge
     /// within the flush wait, those records are read (and pushed) again.
+    fn assigned(&mut self, partitions: &[i32]) {
+        self.out.status.joined(partitions);
+    }
+
     fn revoke(&mut self, partitions: &[i32]) {
+        self.out.status.left(partitions);
         if let Err(err) = self.write_dirty() {
             // Their entries are not written: release no offset, so the next owner
             // reads those events again (from the last commit) and writes them.

@@ -84,6 +84,10 @@ pub const MEMBERSHIP_VERSION_HEADER: &str = "membershipVersion";
 #[derive(Debug, Default)]
 pub struct Status {
     online: Mutex<Online>,
+    /// How far the presence table has read chat.presence: partition -> next offset.
+    presence_next: Mutex<HashMap<i32, i64>>,
+    /// The chat.events partitions this member joins now, and how many there are.
+    joins: Mutex<(std::collections::BTreeSet<i32>, i32)>,
     restored_records: AtomicU64,
     membership_loads: AtomicU64,
     events: AtomicU64,
@@ -109,6 +113,45 @@ impl Status {
     pub fn is_online(&self, user: UserId, now_ms: i64) -> bool {
         let online = self.online.lock().expect("presence lock");
         online.is_online(user, now_ms)
+    }
+
+    /// The presence table has read the record at `at`.
+    fn presence_read(&self, at: chatpipe_runtime::Position) {
+        let mut next = self.presence_next.lock().expect("presence offsets lock");
+        let n = next.entry(at.partition).or_insert(0);
+        *n = (*n).max(at.offset + 1);
+    }
+
+    /// (chat.presence partition, next offset to apply), by partition.
+    fn presence_applied(&self) -> Vec<(i32, i64)> {
+        let next = self.presence_next.lock().expect("presence offsets lock");
+        let mut applied: Vec<_> = next.iter().map(|(p, o)| (*p, *o)).collect();
+        applied.sort_unstable();
+        applied
+    }
+
+    /// Whether the presence table has read up to `ends` (partition -> end offset).
+    fn presence_reached(&self, ends: &HashMap<i32, i64>) -> bool {
+        let next = self.presence_next.lock().expect("presence offsets lock");
+        ends.iter()
+            .all(|(p, end)| next.get(p).is_some_and(|n| n >= end))
+    }
+
+    /// The chat.events partitions joined now, and how many chat.events has.
+    fn joins(&self) -> (Vec<i32>, i32) {
+        let joins = self.joins.lock().expect("joins lock");
+        (joins.0.iter().copied().collect(), joins.1)
+    }
+
+    fn joined(&self, partitions: &[i32]) {
+        self.joins.lock().expect("joins lock").0.extend(partitions);
+    }
+
+    fn left(&self, partitions: &[i32]) {
+        let mut joins = self.joins.lock().expect("joins lock");
+        for p in partitions {
+            joins.0.remove(p);
+        }
     }
 
     /// How many of `users` the processor sees online now.
@@ -145,8 +188,8 @@ pub fn spawn(
                 &settings,
                 (&stop, health),
                 ("fanout-presence", "fanout_presence"),
-                status,
-                caught_up,
+                (status, caught_up),
+                true,
             )
         });
     }
@@ -239,16 +282,32 @@ pub fn run_with(
 
 /// A reader of all of chat.presence, from the beginning, into `status`'s presence table
 /// (named `name`, its metrics `metric`); `caught_up` once it has read what the topic
-/// held at start. Fanout's, and the notifications processor's.
+/// held at start. Fanout's (`acks`: telling the gateways how far it has read), and the
+/// notifications processor's.
 pub(crate) fn run_presence(
     settings: &Settings,
     (stop, health): (&CancellationToken, Arc<ReaderHealth>),
     (name, metric): (&str, &'static str),
-    status: Arc<Status>,
-    caught_up: Arc<AtomicBool>,
+    (status, caught_up): (Arc<Status>, Arc<AtomicBool>),
+    acks: bool,
 ) -> anyhow::Result<()> {
     let cfg = &settings.fanout;
     let thread = settings.reader_thread(health)?;
+    let codec = if acks {
+        let starting = format!("{name}: the deliveries schema");
+        let Some(codec) = thread.start(stop, &starting, || async {
+            Ok(thread
+                .registry()
+                .delivery_codec_for(&format!("{}-value", cfg.deliveries_topic))
+                .await?)
+        }) else {
+            return Ok(());
+        };
+        Some(codec)
+    } else {
+        None
+    };
+    let member = format!("fanout-{}", uuid::Uuid::new_v4());
     let spec = ReaderSpec {
         name: name.into(),
         metric,
@@ -265,10 +324,28 @@ pub(crate) fn run_presence(
     };
     let starting = format!("{name}: starting");
     let Some(reader) = retry_until(stop, &settings.readers, &starting, || {
+        let acks = match &codec {
+            Some(codec) => Some(presence::Acks {
+                producer: settings
+                    .kafka
+                    .producer()
+                    .set("linger.ms", "1")
+                    .create_guarded()
+                    .context("creating the presence.applied producer")?,
+                codec: codec.clone(),
+                topic: cfg.deliveries_topic.clone(),
+                member: member.clone(),
+                owed: HashMap::new(),
+                known: HashMap::new(),
+                told_joins: Vec::new(),
+            }),
+            None => None,
+        };
         let table = PresenceTable {
             status: status.clone(),
             ends: HashMap::new(),
             caught_up: caught_up.clone(),
+            acks,
         };
         let reader = thread.reader(spec.clone(), table)?;
         // The table is "caught up" once it has read what the topic held at start.
@@ -311,12 +388,12 @@ pub(crate) fn wait_caught_up(
 }
 
 /// The changelog must have a partition for every partition of chat.events (an entry
-/// lives on the partition of its conversation's events).
+/// lives on the partition of its conversation's events). Answers how many there are.
 fn check_copartitioned(
     kafka: &chatpipe_core::config::KafkaSettings,
     events: &str,
     changelog: &str,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<usize> {
     let client: chatpipe_core::kafka::BaseConsumer = kafka
         .client()
         .create_guarded()
@@ -335,7 +412,7 @@ fn check_copartitioned(
         e > 0 && c == e,
         "{changelog} has {c} partitions and {events} {e}: they must be equal (create {changelog} compacted with {e})"
     );
-    Ok(())
+    Ok(e)
 }
 
 fn run_events(
@@ -352,7 +429,8 @@ fn run_events(
         let copartitioned =
             check_copartitioned(&settings.kafka, &cfg.events_topic, &cfg.changelog_topic);
         async {
-            copartitioned?;
+            let partitions = copartitioned?;
+            status.joins.lock().expect("joins lock").1 = i32::try_from(partitions)?;
             let registry = thread.registry();
             let codec = registry
                 .delivery_codec_for(&format!("{}-value", cfg.deliveries_topic))

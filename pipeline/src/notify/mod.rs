@@ -268,8 +268,8 @@ pub fn spawn(
                 &settings,
                 (&stop, health),
                 ("notifications-presence", "notifications_presence"),
-                presence,
-                caught_up,
+                (presence, caught_up),
+                false,
             )
         });
     }
