@@ -13,6 +13,7 @@ mod mentions;
 mod notifications;
 mod reactions;
 mod ready;
+mod sdk;
 mod slow_client;
 mod threads;
 mod tokens;

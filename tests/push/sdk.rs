@@ -1,0 +1,56 @@
+//! The TypeScript client (clients/typescript) against the real stack: its own tests
+//! (Node's test runner, clients/typescript/test) run against an ingest-api, a fanout
+//! processor and a gateway started here, as two users. `scripts/test` builds the
+//! package first (`npm ci`, `npm run build`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use chatpipe_tests::stream::spawn_pipeline;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_typescript_client_sends_receives_and_renews_its_token_on_the_stack() {
+    let package = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../clients/typescript");
+    let tests = package.join("dist/test/stack.test.js");
+    assert!(
+        tests.exists(),
+        "{} is missing: run the suite with scripts/test, which builds clients/typescript \
+         (npm ci && npm run build)",
+        tests.display()
+    );
+    let p = spawn_pipeline().await;
+    let _fanout = p.start_fanout(p.fanout_settings());
+    let gw = p.start_gateway(p.gateway_settings("sdk", 0)).await;
+    let alice = 8_000_000 + i64::from(rand::random::<u32>() % 1_000_000);
+    let bob = alice + 1_000_000;
+    let users = serde_json::json!({
+        "alice": {"id": alice, "token": p.app.token(alice)},
+        "bob": {"id": bob, "token": p.app.token(bob), "expiredToken": p.app.expired_token(bob)},
+    });
+    let run = tokio::process::Command::new("node")
+        .args([
+            "--experimental-websocket",
+            "--test",
+            "dist/test/stack.test.js",
+        ])
+        .current_dir(&package)
+        .env("CHATPIPE_API_URL", &p.app.base)
+        .env("CHATPIPE_GATEWAY_URL", &gw.url)
+        .env("CHATPIPE_USERS", users.to_string())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(180), run)
+        .await
+        .expect("the package's tests finished within 180 s")
+        .expect("node runs (Node 20 or later)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}");
+    assert!(
+        out.status.success(),
+        "the TypeScript client's tests failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("# pass 3"), "three tests passed: {stdout}");
+    gw.stop().await.unwrap();
+    p.cleanup().await;
+}
