@@ -1,7 +1,8 @@
 //! The TypeScript client (clients/typescript) against the real stack: its own tests
-//! (Node's test runner, clients/typescript/test) run against an ingest-api, a fanout
-//! processor and a gateway started here, as two users. `scripts/test` builds the
-//! package first (`npm ci`, `npm run build`).
+//! (Node's test runner, clients/typescript/test: the REST client and the gateway
+//! connection, and the conversation store, whose tests end with each store equal to
+//! history) run against an ingest-api, a fanout processor and a gateway started here,
+//! as two users. `scripts/test` builds the package first (`npm ci`, `npm run build`).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -9,7 +10,7 @@ use std::time::Duration;
 use chatpipe_tests::stream::spawn_pipeline;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_typescript_client_sends_receives_and_renews_its_token_on_the_stack() {
+async fn the_typescript_client_passes_its_tests_on_the_stack() {
     let package = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../clients/typescript");
     let tests = package.join("dist/test/stack.test.js");
     assert!(
@@ -27,12 +28,8 @@ async fn the_typescript_client_sends_receives_and_renews_its_token_on_the_stack(
         "alice": {"id": alice, "token": p.app.token(alice)},
         "bob": {"id": bob, "token": p.app.token(bob), "expiredToken": p.app.expired_token(bob)},
     });
-    let run = tokio::process::Command::new("node")
-        .args([
-            "--experimental-websocket",
-            "--test",
-            "dist/test/stack.test.js",
-        ])
+    let run = tokio::process::Command::new("npm")
+        .args(["run", "--silent", "test"])
         .current_dir(&package)
         .env("CHATPIPE_API_URL", &p.app.base)
         .env("CHATPIPE_GATEWAY_URL", &gw.url)
@@ -42,7 +39,7 @@ async fn the_typescript_client_sends_receives_and_renews_its_token_on_the_stack(
     let out = tokio::time::timeout(Duration::from_secs(180), run)
         .await
         .expect("the package's tests finished within 180 s")
-        .expect("node runs (Node 20 or later)");
+        .expect("npm runs (Node 20 or later)");
     let stdout = String::from_utf8_lossy(&out.stdout);
     eprintln!("{stdout}");
     assert!(
@@ -50,7 +47,10 @@ async fn the_typescript_client_sends_receives_and_renews_its_token_on_the_stack(
         "the TypeScript client's tests failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(stdout.contains("# pass 3"), "three tests passed: {stdout}");
+    assert!(
+        stdout.contains("# pass 6") && stdout.contains("# fail 0"),
+        "six tests passed: {stdout}"
+    );
     gw.stop().await.unwrap();
     p.cleanup().await;
 }

@@ -1,35 +1,13 @@
 /**
- * The package against the real stack: ingest-api, fanout and a gateway started by the
- * Rust harness (tests/push/sdk.rs), which passes where they are and two users' tokens:
- *   CHATPIPE_API_URL, CHATPIPE_GATEWAY_URL,
- *   CHATPIPE_USERS = {"alice": {"id", "token"}, "bob": {"id", "token", "expiredToken"}}
- * Run with `npm test` after `npm run build` (Node 20 needs --experimental-websocket).
+ * The REST client and the gateway connection against the real stack: ingest-api, fanout
+ * and a gateway started by tests/push/sdk.rs (./env.ts says what it passes).
  */
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import { test } from 'node:test';
 
 import { Gateway, ProblemError, Rest, type Frame, type MessageNew } from '../src/index.js';
-
-interface User {
-  id: number;
-  token: string;
-  expiredToken?: string;
-}
-
-function env(name: string): string {
-  const value = process.env[name];
-  assert.ok(value, `${name} is not set: run the package's tests through tests/push/sdk.rs`);
-  return value;
-}
-
-const apiUrl = env('CHATPIPE_API_URL');
-const gatewayUrl = env('CHATPIPE_GATEWAY_URL');
-const users = JSON.parse(env('CHATPIPE_USERS')) as { alice: User; bob: User };
-
-function rest(user: User): Rest {
-  return new Rest({ baseUrl: apiUrl, token: () => user.token });
-}
+import { apiUrl, gatewayUrl, rest, users, type User } from './env.js';
 
 /** Resolves with the first frame `want` takes, or rejects after `ms`. */
 function frameWhere(frames: Frame[], listeners: Array<(f: Frame) => void>, want: (f: Frame) => boolean, ms = 20_000): Promise<Frame> {
