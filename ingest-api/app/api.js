@@ -1,83 +1,24 @@
-// chatpipe browser client: talking to the servers.
+// chatpipe browser client: talking to the servers, through the chatpipe client package
+// (clients/typescript, bundled into chatpipe-client.js):
 //
-//   request()      one REST call; problem+json answers become ApiError
-//   Api            the REST API for one signed-in user (renews its demo token on 401)
-//   Gateway        the WebSocket: connects, reconnects with backoff, renews the token
+//   Api       the REST API for one signed-in user: the package's typed Rest, with the
+//             demo token as its token provider (renewed on a 401)
+//   Gateway   the package's WebSocket connection, with the same token provider
 //
 // Nothing here touches the page; app.js owns state and rendering.
 // docs/api.md and docs/protocol.md describe every call and frame used here.
 
-/** A refused REST call, with the problem+json fields (RFC 9457) the API answered. */
-export class ApiError extends Error {
-  constructor(status, problem = {}, retryAfterSecs = null) {
-    const title = problem.title || `HTTP ${status}`;
-    super(problem.detail ? `${title}: ${problem.detail}` : title);
-    this.name = 'ApiError';
-    this.status = status;
-    this.type = problem.type || null;
-    this.title = title;
-    this.detail = problem.detail || null;
-    this.field = problem.field || null;
-    this.retryAfterSecs = retryAfterSecs;
-  }
-}
+import { Gateway as Connection, ProblemError, Rest } from './chatpipe-client.js';
 
-/** The request never got an answer (server down, connection dropped). */
-export class NetworkError extends Error {
-  constructor(cause) {
-    super(`network error: ${cause.message}`);
-    this.name = 'NetworkError';
-    this.cause = cause;
-  }
-}
+/** A refused REST call: the package's ProblemError (`status`, `type`, `field`, `retryAfter`). */
+export { ProblemError as ApiError };
 
-/**
- * One REST call. `body` is sent as JSON; `query` values that are null/undefined are
- * left out. Resolves to the parsed JSON answer (null for 204), or rejects with
- * ApiError / NetworkError.
- */
-export async function request(method, path, { token, body, query } = {}) {
-  const url = new URL(path, location.origin);
-  for (const [key, value] of Object.entries(query || {})) {
-    if (value !== undefined && value !== null) url.searchParams.set(key, String(value));
-  }
-  const headers = { Accept: 'application/json' };
-  if (token) headers.Authorization = `Bearer ${token}`;
-  if (body !== undefined) headers['Content-Type'] = 'application/json';
-
-  let response;
-  try {
-    response = await fetch(url, {
-      method,
-      headers,
-      body: body === undefined ? undefined : JSON.stringify(body),
-    });
-  } catch (err) {
-    throw new NetworkError(err);
-  }
-
-  const text = await response.text();
-  let data = null;
-  if (text) {
-    try {
-      data = JSON.parse(text);
-    } catch {
-      data = null;
-    }
-  }
-  if (!response.ok) {
-    const retryAfter = Number(response.headers.get('Retry-After')) || null;
-    throw new ApiError(response.status, data || {}, retryAfter);
-  }
-  return data;
-}
-
-/** Whether a failed send may be tried again with the same clientMsgId. */
+/** Whether a failed call may be tried again with the same clientMsgId. */
 function isRetryable(err) {
-  if (err instanceof NetworkError) return true;
-  // 429: over the rate limit; 503: not written or not answered in time; 500: nothing
-  // was committed. The clientMsgId makes every retry safe (api.md, "send").
-  return err instanceof ApiError && [429, 500, 503].includes(err.status);
+  // No answer at all (fetch failed), or 429: over the rate limit; 503: not written or
+  // not answered in time; 500: nothing was committed. The clientMsgId makes every retry
+  // safe (api.md, "send").
+  return !(err instanceof ProblemError) || [429, 500, 503].includes(err.status);
 }
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -93,7 +34,7 @@ export async function withRetry(attempt, tries = 6) {
       return await attempt();
     } catch (err) {
       if (n >= tries || !isRetryable(err)) throw err;
-      await sleep(err.retryAfterSecs ? err.retryAfterSecs * 1000 : delay);
+      await sleep(err.retryAfter ? err.retryAfter * 1000 : delay);
       delay = Math.min(delay * 2, 8000);
     }
   }
@@ -101,14 +42,24 @@ export async function withRetry(attempt, tries = 6) {
 
 // ---- demo endpoints (exist only when ingest-api runs with demo.enabled) ----
 
+async function demo(method, path, body) {
+  const response = await fetch(new URL(path, location.origin), {
+    method,
+    headers: body === undefined ? {} : { 'Content-Type': 'application/json' },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  if (!response.ok) throw await ProblemError.of(response);
+  return response.json();
+}
+
 /** `POST /demo/token`: a token for any user id. */
 export function demoToken(userId) {
-  return request('POST', '/demo/token', { body: { userId } });
+  return demo('POST', '/demo/token', { userId });
 }
 
 /** `GET /demo/config`: `{gatewayUrl}`. */
 export function demoConfig() {
-  return request('GET', '/demo/config');
+  return demo('GET', '/demo/config');
 }
 
 /** The REST API as one user. */
@@ -118,6 +69,9 @@ export class Api {
     this.token = null;
     this.expiresAt = 0; // ms since epoch
     this.renewing = null;
+    /** The token provider of the package's Rest and Gateway. */
+    this.tokens = ({ refresh }) => (refresh || !this.token ? this.renewToken() : this.token);
+    this.rest = new Rest({ baseUrl: location.origin, token: this.tokens });
   }
 
   /** Gets a fresh demo token (one request at a time, however many callers ask). */
@@ -136,43 +90,46 @@ export class Api {
     return this.renewing;
   }
 
-  /** An authenticated call; a 401 renews the token and tries once more. */
-  async call(method, path, options = {}) {
-    if (!this.token) await this.renewToken();
+  /** One call of the typed client (`raw`); a 401 renews the token and tries once more. */
+  async call(op) {
+    const once = async () => (await op(this.rest.raw)).data ?? null;
     try {
-      return await request(method, path, { ...options, token: this.token });
+      return await once();
     } catch (err) {
-      if (!(err instanceof ApiError) || err.status !== 401) throw err;
+      if (!(err instanceof ProblemError) || err.status !== 401) throw err;
       await this.renewToken();
-      return request(method, path, { ...options, token: this.token });
+      return once();
     }
   }
 
   // ---- conversations ----
   inbox(cursor, limit) {
-    return this.call('GET', '/v1/inbox', { query: { cursor, limit } });
+    return this.call((api) => api.GET('/v1/inbox', { params: { query: { cursor, limit } } }));
   }
   sync(since, limit) {
-    return this.call('GET', '/v1/sync', { query: { since, limit } });
+    return this.call((api) => api.GET('/v1/sync', { params: { query: { since, limit } } }));
   }
   openDirect(peerId) {
-    return this.call('POST', '/v1/direct', { body: { peerId } });
+    return this.call((api) => api.POST('/v1/direct', { body: { peerId } }));
   }
   createGroup(title, memberIds) {
     const body = { type: 'GROUP', memberIds };
     if (title) body.title = title;
-    return this.call('POST', '/v1/conversations', { body });
+    return this.call((api) => api.POST('/v1/conversations', { body }));
   }
   members(conversationId) {
-    return this.call('GET', `/v1/conversations/${conversationId}/members`);
+    const path = { id: conversationId };
+    return this.call((api) => api.GET('/v1/conversations/{id}/members', { params: { path } }));
   }
 
   // ---- messages ----
   /** `{beforeSeq}` pages back, `{afterSeq}` fills a gap, neither gives the newest. */
   history(conversationId, { beforeSeq, afterSeq, limit } = {}) {
-    return this.call('GET', `/v1/conversations/${conversationId}/messages`, {
-      query: { beforeSeq, afterSeq, limit },
-    });
+    return this.call((api) =>
+      api.GET('/v1/conversations/{id}/messages', {
+        params: { path: { id: conversationId }, query: { beforeSeq, afterSeq, limit } },
+      }),
+    );
   }
 
   /**
@@ -185,205 +142,138 @@ export class Api {
     if (mentions.length > 0) payload.mentions = mentions;
     if (threadRootSeq !== null && threadRootSeq !== undefined) payload.threadRootSeq = threadRootSeq;
     return withRetry(() =>
-      this.call('POST', `/v1/conversations/${conversationId}/messages`, { body: payload }),
+      this.call((api) =>
+        api.POST('/v1/conversations/{id}/messages', {
+          params: { path: { id: conversationId } },
+          body: payload,
+        }),
+      ),
     );
   }
 
   // ---- threads (replies) ----
   /** The replies of thread `rootSeq`, ascending, from `afterSeq` on (`hasMore`: page on). */
   threadReplies(conversationId, rootSeq, afterSeq = 0, limit = 200) {
-    return this.call('GET', `/v1/conversations/${conversationId}/messages`, {
-      query: { threadRootSeq: rootSeq, afterSeq, limit },
-    });
+    return this.call((api) =>
+      api.GET('/v1/conversations/{id}/messages', {
+        params: { path: { id: conversationId }, query: { threadRootSeq: rootSeq, afterSeq, limit } },
+      }),
+    );
   }
 
   /** Marks thread `rootSeq` read up to `seq` (forwards only, so retries are safe). */
   readThread(conversationId, rootSeq, seq) {
+    const path = { id: conversationId, rootSeq };
     return withRetry(() =>
-      this.call('POST', `/v1/conversations/${conversationId}/threads/${rootSeq}/read`, { body: { seq } }),
+      this.call((api) =>
+        api.POST('/v1/conversations/{id}/threads/{rootSeq}/read', { params: { path }, body: { seq } }),
+      ),
     );
   }
 
   /** Follows thread `rootSeq` (or, with `follow` false, stops): `{lastReadSeq, following, unreadThreads}`. */
   followThread(conversationId, rootSeq, follow = true) {
-    return this.call(follow ? 'PUT' : 'DELETE', `/v1/conversations/${conversationId}/threads/${rootSeq}/follow`);
+    const path = { id: conversationId, rootSeq };
+    return this.call((api) =>
+      (follow ? api.PUT : api.DELETE)('/v1/conversations/{id}/threads/{rootSeq}/follow', {
+        params: { path },
+      }),
+    );
   }
 
   /** Adds (or, with `remove`, takes back) the caller's reaction `key` to a message. */
   react(conversationId, seq, key, remove = false) {
-    const path = `/v1/conversations/${conversationId}/messages/${seq}/reactions/${encodeURIComponent(key)}`;
-    return this.call(remove ? 'DELETE' : 'PUT', path);
+    const path = { id: conversationId, seq, key };
+    return this.call((api) =>
+      (remove ? api.DELETE : api.PUT)('/v1/conversations/{id}/messages/{seq}/reactions/{key}', {
+        params: { path },
+      }),
+    );
   }
 
   /** `level`: all | mentions | none. */
   setNotifications(conversationId, level) {
-    return this.call('PUT', `/v1/conversations/${conversationId}/notifications`, { body: { level } });
+    return this.call((api) =>
+      api.PUT('/v1/conversations/{id}/notifications', {
+        params: { path: { id: conversationId } },
+        body: { level },
+      }),
+    );
   }
 
   editMessage(conversationId, seq, body) {
-    return this.call('PATCH', `/v1/conversations/${conversationId}/messages/${seq}`, {
-      body: { body },
-    });
+    return this.call((api) =>
+      api.PATCH('/v1/conversations/{id}/messages/{seq}', {
+        params: { path: { id: conversationId, seq } },
+        body: { body },
+      }),
+    );
   }
   deleteMessage(conversationId, seq) {
-    return this.call('DELETE', `/v1/conversations/${conversationId}/messages/${seq}`);
+    return this.call((api) =>
+      api.DELETE('/v1/conversations/{id}/messages/{seq}', {
+        params: { path: { id: conversationId, seq } },
+      }),
+    );
   }
 
   // ---- read state ----
   /** Moves the read watermark (forwards only, so retries are safe). */
   markRead(conversationId, seq) {
     return withRetry(() =>
-      this.call('POST', `/v1/conversations/${conversationId}/read`, { body: { seq } }),
+      this.call((api) =>
+        api.POST('/v1/conversations/{id}/read', {
+          params: { path: { id: conversationId } },
+          body: { seq },
+        }),
+      ),
     );
   }
   receipts(conversationId, seq) {
-    return this.call('GET', `/v1/conversations/${conversationId}/messages/${seq}/receipts`);
+    return this.call((api) =>
+      api.GET('/v1/conversations/{id}/messages/{seq}/receipts', {
+        params: { path: { id: conversationId, seq } },
+      }),
+    );
   }
 }
 
 // ---- the WebSocket ----
 
-/** Close codes of the gateway (protocol.md, "Close codes"). */
-const CLOSE_BAD_TOKEN = 4001;
-const CLOSE_TOKEN_EXPIRED = 4002;
-const CLOSE_REPLACED = 4008;
-
-const BACKOFF_FIRST_MS = 500;
-const BACKOFF_MAX_MS = 30000;
-/** A connection that stayed up this long resets the backoff. */
-const STABLE_AFTER_MS = 10000;
-/** Renew the token this long before it expires, opening the new socket first. */
-const RENEW_BEFORE_EXPIRY_MS = 5 * 60 * 1000;
-
 /**
- * The gateway connection of one user.
+ * The gateway connection of one user: the package's, with the demo token. It renews
+ * the token before it expires (a new socket first), reconnects with backoff and jitter,
+ * and stops when a newer session of the user replaces it.
  *
  * Callbacks:
- *   onFrame(frame)   every JSON frame the gateway pushes
+ *   onFrame(frame)   every JSON frame the gateway pushes (`ready`: catch up now)
  *   onState(state, detail)  'connecting' | 'online' | 'reconnecting' | 'replaced' | 'offline'
- *   onOpen()         after every (re)connection (catch up on its `ready` frame)
+ *   onOpen()         after every (re)connection
  */
 export class Gateway {
   constructor(url, api, { onFrame, onState, onOpen }) {
-    this.url = url;
-    this.api = api;
-    this.onFrame = onFrame;
-    this.onState = onState;
-    this.onOpen = onOpen;
-    this.ws = null;
-    this.stopped = true;
-    this.failures = 0;
-    this.retryTimer = null;
-    this.renewTimer = null;
+    this.connection = new Connection({
+      url,
+      token: api.tokens,
+      onFrame,
+      onState: (state, detail = '') => {
+        if (state === 'ready') return; // onFrame has the frame
+        onState({ open: 'online', stopped: 'offline' }[state] ?? state, detail);
+        if (state === 'open') onOpen();
+      },
+    });
   }
 
   start() {
-    this.stopped = false;
-    this.connect();
+    this.connection.start();
   }
 
   stop() {
-    this.stopped = true;
-    clearTimeout(this.retryTimer);
-    clearTimeout(this.renewTimer);
-    if (this.ws) this.ws.close(1000, 'signed out');
-    this.ws = null;
-    this.onState('offline');
+    this.connection.stop();
   }
 
   /** Sends a frame if the socket is open; frames are never queued (acks are cumulative). */
   send(frame) {
-    if (this.ws && this.ws.readyState === WebSocket.OPEN) {
-      this.ws.send(JSON.stringify(frame));
-      return true;
-    }
-    return false;
-  }
-
-  async connect() {
-    clearTimeout(this.retryTimer);
-    this.onState(this.failures === 0 ? 'connecting' : 'reconnecting');
-    try {
-      if (!this.api.token) await this.api.renewToken();
-    } catch (err) {
-      this.scheduleReconnect(`no token: ${err.message}`);
-      return;
-    }
-    if (this.stopped) return;
-    this.open();
-  }
-
-  /** Opens a socket; `previous` (when renewing) is closed once the new one is up. */
-  open(previous = null) {
-    const ws = new WebSocket(this.url, ['chatpipe.v1', `bearer.${this.api.token}`]);
-    let openedAt = 0;
-    this.ws = ws;
-
-    ws.onopen = () => {
-      if (ws !== this.ws) return;
-      openedAt = Date.now();
-      if (previous) previous.close(1000, 'renewed');
-      this.onState('online');
-      this.scheduleRenewal();
-      this.onOpen();
-    };
-    ws.onmessage = (event) => {
-      let frame;
-      try {
-        frame = JSON.parse(event.data);
-      } catch {
-        return;
-      }
-      if (frame && typeof frame.type === 'string') this.onFrame(frame);
-    };
-    ws.onclose = (event) => {
-      if (ws !== this.ws || this.stopped) return; // a replaced socket, or signed out
-      if (!openedAt && previous && previous.readyState === WebSocket.OPEN) {
-        this.ws = previous; // the renewal failed; keep the old socket until its 4002
-        return;
-      }
-      this.ws = null;
-      if (openedAt && Date.now() - openedAt > STABLE_AFTER_MS) this.failures = 0;
-      this.handleClose(event);
-    };
-  }
-
-  handleClose({ code, reason }) {
-    if (code === CLOSE_REPLACED) {
-      // A newer session of this user took our place: do not fight it.
-      this.stopped = true;
-      clearTimeout(this.renewTimer);
-      this.onState('replaced', reason);
-      return;
-    }
-    if (code === CLOSE_BAD_TOKEN || code === CLOSE_TOKEN_EXPIRED) {
-      this.api.token = null; // connect() gets a new one
-    }
-    this.scheduleReconnect(`closed ${code}${reason ? `: ${reason}` : ''}`);
-  }
-
-  scheduleReconnect(why) {
-    if (this.stopped) return;
-    const ceiling = Math.min(BACKOFF_MAX_MS, BACKOFF_FIRST_MS * 2 ** this.failures);
-    const delay = ceiling / 2 + Math.random() * (ceiling / 2); // jitter
-    this.failures++;
-    this.onState('reconnecting', `${why}; retrying in ${(delay / 1000).toFixed(1)} s`);
-    this.retryTimer = setTimeout(() => this.connect(), delay);
-  }
-
-  /** Before the token expires: new token, new socket, then close the old one (4002 never comes). */
-  scheduleRenewal() {
-    clearTimeout(this.renewTimer);
-    const due = this.api.expiresAt - RENEW_BEFORE_EXPIRY_MS - Date.now();
-    if (due <= 0 || due > 2 ** 31 - 1) return;
-    this.renewTimer = setTimeout(async () => {
-      if (this.stopped || !this.ws) return;
-      try {
-        await this.api.renewToken();
-      } catch {
-        return; // the old socket lives on; a 4002 reconnects later
-      }
-      if (!this.stopped && this.ws) this.open(this.ws);
-    }, due);
+    return this.connection.send(frame);
   }
 }

@@ -67,6 +67,11 @@ const FILES: &[(&str, &str, &str)] = &[
         include_str!("../../app/api.js"),
     ),
     (
+        "chatpipe-client.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../../app/chatpipe-client.js"),
+    ),
+    (
         "style.css",
         "text/css; charset=utf-8",
         include_str!("../../app/style.css"),
@@ -99,7 +104,7 @@ async fn app_index(State(state): State<AppState>) -> Response {
 
 /// `GET /app/{file}`: the client's scripts and style.
 #[utoipa::path(get, path = "/app/{file}", tag = "demo", summary = "A file of the browser client", security(()),
-    params(("file" = String, Path, description = "app.js, api.js or style.css")),
+    params(("file" = String, Path, description = "app.js, api.js, chatpipe-client.js or style.css")),
     responses(
         (status = 200, description = "The file"),
         (status = 404, description = "`/problems/not-found`", body = crate::openapi::ProblemBody, content_type = "application/problem+json")
