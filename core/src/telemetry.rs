@@ -1,24 +1,121 @@
-//! Logging and metrics set-up shared by the services.
+//! Logging, traces and metrics set-up shared by the services.
 
 use std::sync::OnceLock;
 
+use anyhow::Context as _;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 pub use metrics_exporter_prometheus::{PrometheusHandle, PrometheusRecorder};
-use tracing_subscriber::EnvFilter;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::{Protocol, WithExportConfig};
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::Resource;
+use serde::Deserialize;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
+
+/// Where a service's spans go (`[telemetry]`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetrySettings {
+    /// An OTLP/HTTP traces URL (`http://collector:4318/v1/traces`), used as given:
+    /// spans are exported there in protobuf, batched (`OTEL_BSP_*` tune the batches).
+    /// Unset: no span leaves the process.
+    #[serde(default)]
+    pub otlp_endpoint: Option<String>,
+}
+
+/// The span exporter [`init_tracing`] started, if any: shut it down at the end of the
+/// process, or the spans of its last moments are lost (a tracer keeps its provider alive,
+/// so dropping this does not flush).
+#[must_use = "shut it down when the service stops"]
+pub struct Tracing(Option<SdkTracerProvider>);
+
+impl Tracing {
+    /// No exporter: logs only.
+    pub fn none() -> Self {
+        Self(None)
+    }
+
+    /// Exports what is still batched and stops the exporter. Blocks: call it from
+    /// `spawn_blocking` or after the runtime's work is done.
+    pub fn shutdown(self) {
+        if let Some(provider) = self.0 {
+            if let Err(err) = provider.shutdown() {
+                eprintln!("shutting down the span exporter: {err}");
+            }
+        }
+    }
+}
+
+/// Links `span` to `to` (an OpenTelemetry span link): a group-commit batch's span to
+/// each request it answers. Without an exporter it does nothing.
+pub fn link(span: &tracing::Span, to: &tracing::Span) {
+    use opentelemetry::trace::TraceContextExt as _;
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    let cx = to.context();
+    let linked = cx.span().span_context().clone();
+    if linked.is_valid() {
+        span.add_link(linked);
+    }
+}
+
+fn env_filter() -> EnvFilter {
+    EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"))
+}
 
 /// Logs to stderr; `RUST_LOG` filters (default `info`), `LOG_FORMAT=json` for machines.
 pub fn init_logging() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let result = if std::env::var("LOG_FORMAT").as_deref() == Ok("json") {
-        builder.json().try_init()
-    } else {
-        builder.try_init()
+    let _ = init_tracing("", &TelemetrySettings::default());
+}
+
+/// Logs as [`init_logging`] does and, with `settings.otlp_endpoint`, exports the spans
+/// `RUST_LOG` lets through as OpenTelemetry spans of `service` (`service.name`) over
+/// OTLP/HTTP, batched on the SDK's own thread. A second call in one process (tests start
+/// many services in one) keeps the first subscriber and exports nothing.
+pub fn init_tracing(service: &str, settings: &TelemetrySettings) -> anyhow::Result<Tracing> {
+    let provider = match &settings.otlp_endpoint {
+        None => None,
+        Some(endpoint) => {
+            let exporter = opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_protocol(Protocol::HttpBinary)
+                .with_endpoint(endpoint)
+                .build()
+                .with_context(|| format!("the OTLP span exporter for {endpoint}"))?;
+            Some(
+                SdkTracerProvider::builder()
+                    .with_batch_exporter(exporter)
+                    .with_resource(
+                        Resource::builder()
+                            .with_service_name(service.to_owned())
+                            .build(),
+                    )
+                    .build(),
+            )
+        }
     };
-    // A second init (tests start many apps in one process) keeps the first subscriber.
-    let _ = result;
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = if std::env::var("LOG_FORMAT").as_deref() == Ok("json") {
+        fmt.json().boxed()
+    } else {
+        fmt.boxed()
+    };
+    let spans = provider.as_ref().map(|p| {
+        tracing_opentelemetry::layer()
+            .with_tracer(p.tracer("chatpipe"))
+            .with_filter(env_filter())
+    });
+    let installed = tracing_subscriber::registry()
+        .with(fmt.with_filter(env_filter()))
+        .with(spans)
+        .try_init();
+    if installed.is_err() {
+        // Another subscriber was first: spans would go nowhere, so stop the exporter.
+        Tracing(provider).shutdown();
+        return Ok(Tracing(None));
+    }
+    Ok(Tracing(provider))
 }
 
 /// Buckets for latency histograms (names ending in `_seconds`): 0.5 ms to 10 s.

@@ -23,6 +23,10 @@ pub const ALIASES: &[(&str, &str)] = &[
     ("SCHEMA_REGISTRY_URL", "registry.url"),
     ("KAFKA_BROKERS", "kafka.brokers"),
     ("CASSANDRA_NODES", "storage.cassandra_nodes"),
+    (
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "telemetry.otlp_endpoint",
+    ),
 ];
 
 #[derive(Debug, Clone, Deserialize)]
@@ -44,6 +48,9 @@ pub struct Settings {
     pub demo: DemoSettings,
     /// The cold tier, where history finds archived messages.
     pub storage: chatpipe_core::cold::StorageSettings,
+    /// Where spans go (unset: nowhere).
+    #[serde(default)]
+    pub telemetry: chatpipe_core::telemetry::TelemetrySettings,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

@@ -39,9 +39,19 @@ enum Command {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    chatpipe_core::telemetry::init_logging();
-    let settings = Settings::load(cli.config.as_deref()).context("loading configuration")?;
-    match cli.command.unwrap_or(Command::Serve) {
+    let settings = Settings::load(cli.config.as_deref());
+    let command = cli.command.unwrap_or(Command::Serve);
+    let tracing = match (&command, &settings) {
+        (Command::Serve, Ok(settings)) => {
+            chatpipe_core::telemetry::init_tracing("ingest-api", &settings.telemetry)?
+        }
+        _ => {
+            chatpipe_core::telemetry::init_logging();
+            chatpipe_core::telemetry::Tracing::none()
+        }
+    };
+    let settings = settings.context("loading configuration")?;
+    match command {
         Command::Serve => {
             chatpipe_core::telemetry::build_info("ingest-api");
             chatpipe_core::telemetry::count_from_zero(&[
@@ -52,6 +62,7 @@ async fn main() -> anyhow::Result<()> {
             tracing::info!(addr = %app.local_addr(), admin = %app.admin_addr(), "ingest-api listening");
             app.run_until_stopped(chatpipe_core::startup::shutdown_signal())
                 .await?;
+            tokio::task::spawn_blocking(move || tracing.shutdown()).await?;
         }
         Command::CheckConfig => {
             ingest_api::routes::demo::check(&settings.demo, settings.http.addr)?;

@@ -32,4 +32,5 @@ mod sync;
 mod sync_origin;
 mod sync_pages;
 mod threads;
+mod traces;
 mod watchdog;

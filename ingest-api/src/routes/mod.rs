@@ -260,13 +260,23 @@ const X_REQUEST_ID: &str = "x-request-id";
 async fn observe(request: Request, next: Next) -> Response {
     let started = Instant::now();
     let id = request_id(&request);
-    let span = tracing::info_span!("request", request_id = %id);
     let method = request.method().clone();
     let route = request
         .extensions()
         .get::<MatchedPath>()
         .map(|p| p.as_str().to_owned())
         .unwrap_or_else(|| "unmatched".to_owned());
+    // As a trace's span (telemetry.otlp_endpoint): named "POST /v1/conversations/{id}/
+    // messages", with OpenTelemetry's HTTP attributes.
+    let span = tracing::info_span!(
+        "request",
+        request_id = %id,
+        otel.name = %format_args!("{method} {route}"),
+        otel.kind = "server",
+        http.request.method = %method,
+        http.route = %route,
+        http.response.status_code = tracing::field::Empty,
+    );
     let mut response = REQUEST_ID
         .scope(id.clone(), next.run(request))
         .instrument(span.clone())
@@ -276,6 +286,7 @@ async fn observe(request: Request, next: Next) -> Response {
     }
     let elapsed = started.elapsed();
     let status = response.status();
+    span.record("http.response.status_code", status.as_u16());
     let labels = [
         ("method", method.to_string()),
         ("route", route.clone()),

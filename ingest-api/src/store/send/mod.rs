@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex};
 use chatpipe_core::{ConversationId, Seq, UserId};
 use chrono::{DateTime, Utc};
 use tokio::sync::oneshot;
+use tracing::Instrument;
 use uuid::Uuid;
 
 use sqlx::pool::PoolConnection;
@@ -113,6 +114,8 @@ struct Pending {
     cold_root_author: Option<UserId>,
     created_at: DateTime<Utc>,
     reply: oneshot::Sender<Result<SendOutcome, SendError>>,
+    /// The request's `send` span: its batch's span links to it.
+    span: tracing::Span,
 }
 
 /// The lanes and writers of one process: see the module docs.
@@ -169,7 +172,9 @@ impl SendQueue {
         }
     }
 
-    /// Sends one message and waits for its batch's answer.
+    /// Sends one message and waits for its batch's answer (span `send`; the batch that
+    /// writes it has a span of its own, `send.batch`, linked to this one).
+    #[tracing::instrument(name = "send", skip_all, fields(conversation_id = %conversation))]
     pub async fn send(
         &self,
         conversation: ConversationId,
@@ -199,6 +204,7 @@ impl SendQueue {
             cold_root_author: message.cold_root_author,
             created_at: now(),
             reply,
+            span: tracing::Span::current(),
         };
         {
             let mut state = self.inner.state.lock().expect("lanes lock");
@@ -278,6 +284,18 @@ impl SendQueue {
     /// One statement for `batch`; every caller gets its answer. A failed statement
     /// gives its connection back to the pool, which tests it before its next use.
     async fn write_batch(&self, conn: &mut Option<PoolConnection<Postgres>>, batch: Vec<Pending>) {
+        let span = tracing::info_span!(parent: None, "send.batch", messages = batch.len());
+        for p in &batch {
+            chatpipe_core::telemetry::link(&span, &p.span);
+        }
+        self.write_batch_in(conn, batch).instrument(span).await
+    }
+
+    async fn write_batch_in(
+        &self,
+        conn: &mut Option<PoolConnection<Postgres>>,
+        batch: Vec<Pending>,
+    ) {
         metrics::histogram!("send_batch_messages").record(batch.len() as f64);
         let db = match conn {
             Some(db) => db,
