@@ -1135,8 +1135,9 @@ function time(at) {
   return at ? Date.parse(at) : -Infinity;
 }
 function highest(c) {
-  let seq = 0;
+  let seq = c.contiguous ?? 0;
   while (c.messages[seq + 1]) seq++;
+  c.contiguous = seq;
   return seq;
 }
 function fromHistory(m) {

@@ -43,6 +43,8 @@ export interface Conversation {
   messages: Record<number, Message>;
   /** Edits and deletes of seqs not held yet, applied when they come. */
   early: Record<number, { body?: string; editedAt?: string | null; deleted?: boolean }>;
+  /** Every seq up to this one is held (see `highest`). */
+  contiguous?: number;
 }
 
 export interface StoreOptions {
@@ -345,10 +347,14 @@ function time(at: string | null | undefined): number {
   return at ? Date.parse(at) : -Infinity;
 }
 
-/** The highest seq held with every seq below it held too (0: none). */
+/**
+ * The highest seq held with every seq below it held too (0: none). Messages are never
+ * dropped from a conversation, so it only grows: kept in `contiguous`, walked on from there.
+ */
 function highest(c: Conversation): number {
-  let seq = 0;
+  let seq = c.contiguous ?? 0;
   while (c.messages[seq + 1]) seq++;
+  c.contiguous = seq;
   return seq;
 }
 

@@ -63,13 +63,17 @@ impl Processor for Fanout {
     fn apply(&mut self, at: Position, record: Versioned) -> Result<(), Failure> {
         if !self.state.restored.contains(&at.partition) {
             // A partition new to this member: first the presence its previous owner
-            // had applied (a gateway's `ready` may count on it), then its members.
-            super::presence::catch_up_now(
-                &self.out.status,
-                &self.out.kafka,
-                &self.cfg.presence_topic,
-                Duration::from_secs(1),
-            )?;
+            // had applied (a gateway's `ready` may count on it), once for all the
+            // partitions of the assignment, then its members.
+            if self.state.presence_due {
+                super::presence::catch_up_now(
+                    &self.out.status,
+                    &self.out.kafka,
+                    &self.cfg.presence_topic,
+                    Duration::from_secs(1),
+                )?;
+                self.state.presence_due = false;
+            }
             self.restore(at.partition)?;
         }
         self.check_version(at, &record)?;
@@ -132,6 +136,7 @@ impl Processor for Fanout {
     /// within the flush wait, those records are read (and pushed) again.
     fn assigned(&mut self, partitions: &[i32]) {
         self.out.status.joined(partitions);
+        self.state.presence_due = true;
     }
 
     fn revoke(&mut self, partitions: &[i32]) {

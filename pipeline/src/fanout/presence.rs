@@ -177,18 +177,14 @@ pub fn catch_up_now(
 impl PresenceTable {
     fn reached(&mut self, at: Position) {
         self.status.presence_read(at);
-        if self
-            .ends
-            .get(&at.partition)
-            .is_some_and(|end| at.offset + 1 >= *end)
-        {
-            self.ends.remove(&at.partition);
-        }
         self.check_caught_up();
     }
 
     pub fn check_caught_up(&self) {
-        if self.ends.is_empty() && !self.caught_up.swap(true, Ordering::Relaxed) {
+        if !self.caught_up.load(Ordering::Relaxed)
+            && self.status.presence_reached(&self.ends)
+            && !self.caught_up.swap(true, Ordering::Relaxed)
+        {
             tracing::info!("presence table caught up with chat.presence");
         }
     }

@@ -21,6 +21,9 @@ pub struct State {
     pub coalescer: Coalescer,
     /// Partitions whose changelog has been read since they were assigned.
     pub restored: HashSet<i32>,
+    /// Partitions were assigned since the presence table last caught up with
+    /// chat.presence's end: once per assignment, before its first partition is joined.
+    pub presence_due: bool,
     /// Conversations whose changelog entry changed since the last write, and their
     /// partition: written once per tick, whatever the changes (a group of 1,000 made in
     /// one call is one entry, not 1,000 growing ones). Written before any offset
@@ -43,6 +46,7 @@ impl State {
             members: Members::new(cfg.max_cached_conversations, cfg.max_cached_members),
             coalescer: Coalescer::default(),
             restored: HashSet::new(),
+            presence_due: true,
             dirty: HashMap::new(),
             covers: HashMap::new(),
             sent: 0,
