@@ -7,6 +7,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 pub use metrics_exporter_prometheus::{PrometheusHandle, PrometheusRecorder};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{Protocol, WithExportConfig};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::Resource;
 use serde::Deserialize;
@@ -57,6 +58,40 @@ pub fn link(span: &tracing::Span, to: &tracing::Span) {
     let linked = cx.span().span_context().clone();
     if linked.is_valid() {
         span.add_link(linked);
+    }
+}
+
+/// The record header, and the outbox column, that carries a trace from one service to
+/// the next: a W3C `traceparent` (`00-<trace id>-<span id>-<flags>`).
+pub const TRACEPARENT: &str = "traceparent";
+
+/// `span`'s trace context as a W3C `traceparent`, for the next service to continue
+/// ([`continue_trace`]). `None` without an exporter: nothing is carried then.
+pub fn traceparent(span: &tracing::Span) -> Option<String> {
+    use opentelemetry::propagation::TextMapPropagator as _;
+    use opentelemetry::trace::TraceContextExt as _;
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    let cx = span.context();
+    if !cx.span().span_context().is_valid() {
+        return None;
+    }
+    let mut carrier = std::collections::HashMap::new();
+    TraceContextPropagator::new().inject_context(&cx, &mut carrier);
+    carrier.remove(TRACEPARENT)
+}
+
+/// Makes `span` a child of the span a `traceparent` from another service names. A value
+/// that is not a valid `traceparent` leaves `span` where it is (a trace of its own).
+pub fn continue_trace(span: &tracing::Span, traceparent: &str) {
+    use opentelemetry::propagation::TextMapPropagator as _;
+    use opentelemetry::trace::TraceContextExt as _;
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    let carrier =
+        std::collections::HashMap::from([(TRACEPARENT.to_owned(), traceparent.to_owned())]);
+    let cx = TraceContextPropagator::new().extract(&carrier);
+    if cx.span().span_context().is_valid() {
+        // Fails only for a span already started elsewhere; ours are new.
+        let _ = span.set_parent(cx);
     }
 }
 
@@ -184,4 +219,46 @@ pub fn build_info(service: &str) {
         "revision" => REVISION,
     )
     .set(1.0);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry::trace::TraceContextExt as _;
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
+    /// `traceparent` and `continue_trace` against OpenTelemetry's own propagator and
+    /// span contexts (a provider with no exporter: the spans are only made).
+    #[test]
+    fn a_trace_goes_on_in_the_span_its_traceparent_names_and_only_there() {
+        let provider = SdkTracerProvider::builder().build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+        tracing::subscriber::with_default(subscriber, || {
+            let writer = tracing::info_span!("send");
+            let carried = traceparent(&writer).expect("an exported span has a context");
+            let sent = writer.context().span().span_context().clone();
+            assert_eq!(
+                carried,
+                format!("00-{}-{}-01", sent.trace_id(), sent.span_id())
+            );
+
+            let reader = tracing::info_span!(parent: None, "fanout");
+            continue_trace(&reader, &carried);
+            let read = reader.context().span().span_context().clone();
+            assert_eq!(read.trace_id(), sent.trace_id(), "the same trace");
+            assert_ne!(read.span_id(), sent.span_id(), "a span of its own");
+
+            let stray = tracing::info_span!(parent: None, "fanout");
+            continue_trace(&stray, "00-not-a-trace-01");
+            let own = stray.context().span().span_context().clone();
+            assert!(own.is_valid());
+            assert_ne!(own.trace_id(), sent.trace_id(), "a trace of its own");
+        });
+        assert_eq!(
+            traceparent(&tracing::Span::none()),
+            None,
+            "no exporter, nothing carried"
+        );
+    }
 }

@@ -19,6 +19,10 @@ pub const ALIASES: &[(&str, &str)] = &[
     ("JWT_SECRET", "auth.jwt_secret"),
     ("KAFKA_BROKERS", "kafka.brokers"),
     ("SCHEMA_REGISTRY_URL", "registry.url"),
+    (
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "telemetry.otlp_endpoint",
+    ),
 ];
 
 #[derive(Debug, Clone, Deserialize)]
@@ -35,6 +39,9 @@ pub struct Settings {
     pub deliveries: DeliveriesSettings,
     pub signals: SignalSettings,
     pub readers: ReaderSettings,
+    /// Where spans go (unset: nowhere).
+    #[serde(default)]
+    pub telemetry: chatpipe_core::telemetry::TelemetrySettings,
 }
 
 /// Where what clients say over the socket goes (`signals.rs`).

@@ -50,9 +50,17 @@ enum Command {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    chatpipe_core::telemetry::init_logging();
-    let settings = Settings::load(cli.config.as_deref()).context("loading configuration")?;
-    match cli.command.unwrap_or(Command::Serve) {
+    let settings = Settings::load(cli.config.as_deref());
+    let command = cli.command.unwrap_or(Command::Serve);
+    let tracing = match (&command, &settings) {
+        (Command::Serve, Ok(s)) => chatpipe_core::telemetry::init_tracing("gateway", &s.telemetry)?,
+        _ => {
+            chatpipe_core::telemetry::init_logging();
+            chatpipe_core::telemetry::Tracing::none()
+        }
+    };
+    let settings = settings.context("loading configuration")?;
+    match command {
         Command::CheckConfig => {
             println!("configuration ok");
             Ok(())
@@ -66,7 +74,9 @@ async fn main() -> anyhow::Result<()> {
             let listener = gateway::listener(&settings)
                 .with_context(|| format!("binding {} (http.addr)", settings.http.addr))?;
             let admin = gateway::admin_listener(&settings).await?;
-            gateway::run(settings, listener, admin, shutdown_signal()).await
+            let served = gateway::run(settings, listener, admin, shutdown_signal()).await;
+            tokio::task::spawn_blocking(move || tracing.shutdown()).await?;
+            served
         }
         Command::Watch {
             user,

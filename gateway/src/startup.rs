@@ -185,7 +185,7 @@ async fn deliveries_reader(
     settings: &Settings,
     registry: &Registry,
     readiness: &Readiness,
-    lists: tokio::sync::mpsc::Sender<chatpipe_schemas::delivery::Listed>,
+    lists: tokio::sync::mpsc::Sender<deliveries::Traced>,
 ) -> anyhow::Result<(ReaderThread, Reader<deliveries::Pusher>)> {
     let patience = settings.registry.startup_wait();
     let d = settings.deliveries.clone();

@@ -51,8 +51,24 @@ enum Command {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    chatpipe_core::telemetry::init_logging();
-    let settings = Settings::load(cli.config.as_deref()).context("loading configuration")?;
+    let settings = Settings::load(cli.config.as_deref());
+    // The processors export spans (as the service they are); the one-off commands log.
+    let service = match cli.command {
+        Command::Receipts => Some("receipts"),
+        Command::Fanout => Some("fanout"),
+        Command::Archive => Some("archive"),
+        Command::Notifications => Some("notifications"),
+        Command::Audit => Some("audit"),
+        _ => None,
+    };
+    let tracing = match (service, &settings) {
+        (Some(service), Ok(s)) => chatpipe_core::telemetry::init_tracing(service, &s.telemetry)?,
+        _ => {
+            chatpipe_core::telemetry::init_logging();
+            chatpipe_core::telemetry::Tracing::none()
+        }
+    };
+    let settings = settings.context("loading configuration")?;
     let readiness = Readiness::default();
     let stop = CancellationToken::new();
     let mut supervisor = Supervisor::new(stop.clone());
@@ -115,5 +131,7 @@ async fn main() -> anyhow::Result<()> {
         stop.cancel();
     });
     // A reader that dies makes the process exit non-zero (its manager restarts it).
-    supervisor.wait().await
+    let stopped = supervisor.wait().await;
+    tokio::task::spawn_blocking(move || tracing.shutdown()).await?;
+    stopped
 }

@@ -10,6 +10,10 @@ pub const ALIASES: &[(&str, &str)] = &[
     ("SCHEMA_REGISTRY_URL", "registry.url"),
     ("DATABASE_URL", "database.url"),
     ("CASSANDRA_NODES", "storage.cassandra_nodes"),
+    (
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "telemetry.otlp_endpoint",
+    ),
 ];
 
 #[derive(Debug, Clone, Deserialize)]
@@ -28,6 +32,9 @@ pub struct Settings {
     pub http: HttpSettings,
     pub fault: FaultSettings,
     pub readers: chatpipe_runtime::ReaderSettings,
+    /// Where spans go (unset: nowhere).
+    #[serde(default)]
+    pub telemetry: chatpipe_core::telemetry::TelemetrySettings,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -1,4 +1,4 @@
-CREATE OR REPLACE FUNCTION public.chat_send_annotated(p_conversations bigint[], p_senders bigint[], p_client_ids uuid[], p_bodies text[], p_created_at timestamp with time zone[], p_event_ids uuid[], p_heads bytea[], p_tails bytea[], p_aggregatetype text, p_clear_outbox boolean, p_roots bigint[], p_cold_authors bigint[], p_mention_at integer[], p_mention_users bigint[])
+CREATE OR REPLACE FUNCTION public.chat_send_annotated(p_conversations bigint[], p_senders bigint[], p_client_ids uuid[], p_bodies text[], p_created_at timestamp with time zone[], p_event_ids uuid[], p_heads bytea[], p_tails bytea[], p_aggregatetype text, p_clear_outbox boolean, p_roots bigint[], p_cold_authors bigint[], p_mention_at integer[], p_mention_users bigint[], p_traceparents text[] DEFAULT NULL::text[])
  RETURNS TABLE(outcome text, seq bigint, created_at timestamp with time zone)
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
@@ -82,7 +82,7 @@ BEGIN
           INTO v_out, v_seq, v_at
           FROM chat_send_many(p_conversations, p_senders, p_client_ids, p_bodies,
                               p_created_at, p_event_ids, p_heads, p_tails, p_aggregatetype,
-                              p_clear_outbox, p_roots)
+                              p_clear_outbox, p_roots, p_traceparents)
                WITH ORDINALITY AS s(outcome, seq, created_at, k);
     ELSE
         -- The messages not refused, sent; their answers back to their batch places.
@@ -101,7 +101,8 @@ BEGIN
                    ARRAY(SELECT p_heads[i] FROM unnest(v_keep) WITH ORDINALITY AS k(i, o) ORDER BY o),
                    ARRAY(SELECT p_tails[i] FROM unnest(v_keep) WITH ORDINALITY AS k(i, o) ORDER BY o),
                    p_aggregatetype, p_clear_outbox,
-                   ARRAY(SELECT p_roots[i] FROM unnest(v_keep) WITH ORDINALITY AS k(i, o) ORDER BY o))
+                   ARRAY(SELECT p_roots[i] FROM unnest(v_keep) WITH ORDINALITY AS k(i, o) ORDER BY o),
+                   ARRAY(SELECT p_traceparents[i] FROM unnest(v_keep) WITH ORDINALITY AS k(i, o) ORDER BY o))
                WITH ORDINALITY AS s(outcome, seq, created_at, k);
         SELECT array_agg(coalesce(v_bad[b.i], v_out[k.o]) ORDER BY b.i),
                array_agg(v_seq[k.o] ORDER BY b.i), array_agg(v_at[k.o] ORDER BY b.i)

@@ -1,4 +1,4 @@
-CREATE OR REPLACE FUNCTION public.chat_send_many(p_conversations bigint[], p_senders bigint[], p_client_ids uuid[], p_bodies text[], p_created_at timestamp with time zone[], p_event_ids uuid[], p_heads bytea[], p_tails bytea[], p_aggregatetype text, p_clear_outbox boolean, p_roots bigint[] DEFAULT NULL::bigint[])
+CREATE OR REPLACE FUNCTION public.chat_send_many(p_conversations bigint[], p_senders bigint[], p_client_ids uuid[], p_bodies text[], p_created_at timestamp with time zone[], p_event_ids uuid[], p_heads bytea[], p_tails bytea[], p_aggregatetype text, p_clear_outbox boolean, p_roots bigint[] DEFAULT NULL::bigint[], p_traceparents text[] DEFAULT NULL::text[])
  RETURNS TABLE(outcome text, seq bigint, created_at timestamp with time zone)
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
@@ -16,9 +16,9 @@ BEGIN
                s.seq AS s_seq, s.sender_id AS s_sender, s.body AS s_body,
                s.created_at AS s_at
           FROM unnest(p_conversations, p_senders, p_client_ids, p_bodies, p_created_at,
-                      p_event_ids, p_heads, p_tails, p_roots)
+                      p_event_ids, p_heads, p_tails, p_roots, p_traceparents)
                WITH ORDINALITY AS r(conv, sender, client_id, body, at, event_id, head,
-                                    tail, root, i)
+                                    tail, root, traceparent, i)
           LEFT JOIN LATERAL (
                 SELECT c.last_seq, c.deleted_count, c.reply_count FROM conversation c
                  WHERE c.id = r.conv LIMIT 1) cv ON true
@@ -46,7 +46,7 @@ BEGIN
     ),
     fresh AS (
         SELECT l.i, l.conv, l.sender, l.client_id, l.body, l.at, l.event_id, l.head,
-               l.tail, l.root, l.top_deleted, l.top_replies,
+               l.tail, l.root, l.traceparent, l.top_deleted, l.top_replies,
                l.top + row_number() OVER (PARTITION BY l.conv ORDER BY l.i) AS seq
           FROM looked l
          WHERE l.member AND l.s_seq IS NULL AND l.nth = 1
@@ -92,8 +92,10 @@ BEGIN
     events AS (
         SELECT chat_outbox_write(array_agg(o.event_id), p_aggregatetype,
                                  array_agg(o.conv::TEXT), array_agg('message.new'::TEXT),
-                                 array_agg(o.payload), p_clear_outbox) AS written
-          FROM (SELECT f.event_id, f.conv, f.head || chat_avro_long(f.seq) || f.tail AS payload
+                                 array_agg(o.payload), p_clear_outbox,
+                                 array_agg(o.traceparent)) AS written
+          FROM (SELECT f.event_id, f.conv, f.head || chat_avro_long(f.seq) || f.tail AS payload,
+                       f.traceparent
                   FROM fresh f ORDER BY f.conv, f.seq) o
     )
     SELECT CASE WHEN NOT l.is_member THEN 'not_member'

@@ -3,68 +3,19 @@
 //! cursor they kept), and no seq, edit or delete is missed.
 
 use std::collections::BTreeSet;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Child;
+use std::time::Duration;
 
-use chatpipe_tests::push::{wait_for_tombstone, WsClient};
-use chatpipe_tests::stream::{brokers, spawn_pipeline, Pipeline};
-use chatpipe_tests::{registry_url, JWT_SECRET};
+use chatpipe_tests::binaries::gateway_command;
+use chatpipe_tests::push::{reconnect, wait_for_tombstone};
+use chatpipe_tests::stream::{spawn_pipeline, Pipeline};
 
 use crate::{is_message, PRESENCE_DEADLINE, PUSH_DEADLINE};
 
-fn gateway_bin() -> String {
-    std::env::var("CHATPIPE_GATEWAY_BIN").unwrap_or_else(|_| {
-        panic!("CHATPIPE_GATEWAY_BIN is not set: build the gateway (`cargo build -p gateway`) and point it at target/debug/gateway, as scripts/test does")
-    })
-}
-
 fn spawn_gateway(p: &Pipeline, addr: &str) -> Child {
-    let s = p.gateway_settings("proc", 1);
-    Command::new(gateway_bin())
-        .env("GATEWAY_ADDR", addr)
-        .env("GATEWAY_ADMIN_ADDR", "127.0.0.1:0")
-        .env("GATEWAY_ID", &s.gateway.id)
-        .env("JWT_SECRET", JWT_SECRET)
-        .env("KAFKA_BROKERS", brokers())
-        .env("SCHEMA_REGISTRY_URL", registry_url())
-        .env("CHATPIPE_PRESENCE__TOPIC", &s.presence.topic)
-        .env(
-            "CHATPIPE_PRESENCE__LEASE_MS",
-            s.presence.lease_ms.to_string(),
-        )
-        .env(
-            "CHATPIPE_PRESENCE__RENEW_MS",
-            s.presence.renew_ms.to_string(),
-        )
-        .env("CHATPIPE_DELIVERIES__TOPIC", &s.deliveries.topic)
-        .env(
-            "CHATPIPE_DELIVERIES__PARTITION",
-            s.deliveries.partition.to_string(),
-        )
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
+    gateway_command(&p.gateway_settings("proc", 1), addr)
         .spawn()
         .expect("starting the gateway binary")
-}
-
-/// Connects as a client would after a disconnect: retry with backoff until the gateway
-/// answers.
-async fn reconnect(url: &str, token: &str) -> WsClient {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut backoff = Duration::from_millis(50);
-    loop {
-        match WsClient::try_connect(url, token).await {
-            Ok(ws) => return ws,
-            Err(err) => {
-                assert!(
-                    Instant::now() < deadline,
-                    "the gateway never came back: {err}"
-                );
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_millis(500));
-            }
-        }
-    }
 }
 
 #[tokio::test]

@@ -17,6 +17,7 @@ mod sdk;
 mod slow_client;
 mod threads;
 mod tokens;
+mod traces;
 mod typing;
 
 use std::time::Duration;

@@ -8,12 +8,14 @@
 
 pub mod audit;
 pub mod bench;
+pub mod binaries;
 pub mod cluster;
 pub mod cold;
 pub mod cpu;
 pub mod drill;
 pub mod freeze;
 pub mod jwks;
+pub mod otlp;
 pub mod pgbench;
 pub mod pgstats;
 pub mod push;

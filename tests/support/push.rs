@@ -253,6 +253,26 @@ impl Pipeline {
     }
 }
 
+/// Connects as a client would after a disconnect: retry with backoff until the gateway
+/// answers.
+pub async fn reconnect(url: &str, token: &str) -> WsClient {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match WsClient::try_connect(url, token).await {
+            Ok(ws) => return ws,
+            Err(err) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the gateway never came back: {err}"
+                );
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_millis(500));
+            }
+        }
+    }
+}
+
 /// Waits until `topic` holds a tombstone (a record without a value) under `key`.
 pub async fn wait_for_tombstone(topic: &str, key: &str, deadline: Duration) {
     use chatpipe_core::kafka::StreamConsumer;

@@ -10,6 +10,7 @@ use anyhow::Context;
 use chatpipe_schemas::delivery::DeliveryCodec;
 use chatpipe_schemas::{ChatEvent, ConversationId, UserId};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use sqlx::PgPool;
 use tokio::runtime::Handle;
@@ -77,7 +78,29 @@ impl Processor for Fanout {
             self.restore(at.partition)?;
         }
         self.check_version(at, &record)?;
-        self.fan_out(at, &record.event, record.membership_version)?;
+        // An event in a trace (a traced send): a span of its own, continued from the
+        // writer's, whose context its lists carry on to the gateways.
+        let span = record.traceparent.as_deref().map(|parent| {
+            let span = tracing::info_span!(
+                "fanout",
+                event_type = record.event.event_type(),
+                conversation_id = %record.event.conversation_id(),
+                partition = at.partition,
+                offset = at.offset,
+            );
+            chatpipe_core::telemetry::continue_trace(&span, parent);
+            span
+        });
+        let _entered = span.as_ref().map(tracing::Span::enter);
+        let onward = span
+            .as_ref()
+            .and_then(chatpipe_core::telemetry::traceparent);
+        self.fan_out(
+            at,
+            &record.event,
+            record.membership_version,
+            onward.as_deref(),
+        )?;
         self.state.offsets.read(at.partition, at.offset);
         self.out.status.events.fetch_add(1, Ordering::Relaxed);
         Ok(())
@@ -106,7 +129,7 @@ impl Processor for Fanout {
             self.state.coalescer.drain(|c| members.of(c), &online, now)
         };
         for r in routed {
-            if let Err(err) = self.send(r) {
+            if let Err(err) = self.send(r, None) {
                 tracing::warn!("coalesced read: {err:#}");
             }
         }
@@ -317,6 +340,7 @@ impl Fanout {
         at: Position,
         event: &ChatEvent,
         version: Option<i64>,
+        trace: Option<&str>,
     ) -> Result<(), Failure> {
         metrics::counter!("fanout_events_total", "type" => event.event_type()).increment(1);
         let conversation = event.conversation_id();
@@ -386,7 +410,7 @@ impl Fanout {
             )
         };
         for r in routed {
-            self.send(r)?;
+            self.send(r, trace)?;
         }
         Ok(())
     }
@@ -444,7 +468,8 @@ impl Fanout {
         Ok(())
     }
 
-    fn send(&mut self, r: Routed) -> Result<(), Failure> {
+    /// Produces one list; `trace`: the `traceparent` header it carries to the gateway.
+    fn send(&mut self, r: Routed, trace: Option<&str>) -> Result<(), Failure> {
         let payload = self.out.codec.encode(&r.delivery);
         let key = r.delivery.conversation_id.to_string();
         let users = r.delivery.user_ids.len();
@@ -457,10 +482,16 @@ impl Fanout {
             users,
             "fanout list"
         );
-        let record = BaseRecord::with_opaque_to(&self.cfg.deliveries_topic, n as usize)
+        let mut record = BaseRecord::with_opaque_to(&self.cfg.deliveries_topic, n as usize)
             .partition(r.partition)
             .key(&key)
             .payload(&payload);
+        if let Some(trace) = trace {
+            record = record.headers(OwnedHeaders::new().insert(Header {
+                key: chatpipe_core::telemetry::TRACEPARENT,
+                value: Some(trace),
+            }));
+        }
         self.produce(record, n)?;
         metrics::counter!("fanout_deliveries_total").increment(1);
         metrics::counter!("fanout_recipients_total").increment(users as u64);

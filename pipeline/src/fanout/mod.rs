@@ -57,10 +57,13 @@ use presence::PresenceTable;
 
 /// A chat.events record as fanout reads it: the event, and the membership version its
 /// transaction saw (the EventRouter's `membershipVersion` header, from
-/// `outbox.membership_version`; `None` on records written before versions existed).
+/// `outbox.membership_version`; `None` on records written before versions existed), and
+/// the trace it belongs to (the `traceparent` header, from `outbox.traceparent`; `None`
+/// when its writer exported no spans).
 pub struct Versioned {
     pub event: ChatEvent,
     pub membership_version: Option<i64>,
+    pub traceparent: Option<String>,
 }
 
 impl Decode for Versioned {
@@ -72,6 +75,8 @@ impl Decode for Versioned {
             event: ChatEvent::decode(message, schemas)?,
             membership_version: header_text(message, MEMBERSHIP_VERSION_HEADER)
                 .and_then(|v| v.parse().ok()),
+            traceparent: header_text(message, chatpipe_core::telemetry::TRACEPARENT)
+                .map(str::to_owned),
         })
     }
 }

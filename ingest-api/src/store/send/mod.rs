@@ -114,7 +114,8 @@ struct Pending {
     cold_root_author: Option<UserId>,
     created_at: DateTime<Utc>,
     reply: oneshot::Sender<Result<SendOutcome, SendError>>,
-    /// The request's `send` span: its batch's span links to it.
+    /// The request's `send` span: its batch's span links to it, and its event carries
+    /// its trace context (`outbox.traceparent`).
     span: tracing::Span,
 }
 

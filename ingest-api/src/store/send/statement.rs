@@ -110,12 +110,20 @@ pub(super) async fn write_rows(
         .iter()
         .map(|p| p.thread_root.map(|r| r.get()))
         .collect();
+    // Each event in its own request's trace (the `send` span's context; outbox.traceparent
+    // and the EventRouter's header): NULL for the whole batch when no span is exported.
+    let traces: Vec<Option<String>> = batch
+        .iter()
+        .map(|p| chatpipe_core::telemetry::traceparent(&p.span))
+        .collect();
+    let traces = traces.iter().any(Option::is_some).then_some(traces);
     let query = sqlx::query_as(if annotated {
         "SELECT outcome, seq, created_at
-           FROM chat_send_annotated($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
+           FROM chat_send_annotated($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,
+                                    $15)"
     } else {
         "SELECT outcome, seq, created_at
-           FROM chat_send_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
+           FROM chat_send_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
     })
     .bind(&conversations)
     .bind(&senders)
@@ -129,7 +137,7 @@ pub(super) async fn write_rows(
     .bind(outbox.deletes_after_write())
     .bind(&roots);
     if !annotated {
-        return query.fetch_all(db).await;
+        return query.bind(&traces).fetch_all(db).await;
     }
     let cold_authors: Vec<Option<i64>> = batch
         .iter()
@@ -146,6 +154,7 @@ pub(super) async fn write_rows(
         .bind(&cold_authors)
         .bind(&mention_at)
         .bind(&mention_users)
+        .bind(&traces)
         .fetch_all(db)
         .await?;
     let created = |wanted: fn(&Pending) -> bool| {
