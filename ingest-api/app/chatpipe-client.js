@@ -691,7 +691,10 @@ var Gateway = class {
       }
       this.options.onFrame?.(frame);
     };
-    ws.onclose = (event) => {
+    let ended = false;
+    const end = (code, reason) => {
+      if (ended) return;
+      ended = true;
       if (ws !== this.ws || this.stopped) return;
       if (!openedAt && previous?.readyState === this.Socket.OPEN) {
         this.ws = previous;
@@ -699,8 +702,10 @@ var Gateway = class {
       }
       this.ws = null;
       if (openedAt && Date.now() - openedAt > STABLE_AFTER_MS) this.failures = 0;
-      this.closed(event.code, event.reason);
+      this.closed(code, reason);
     };
+    ws.onclose = (event) => end(event.code, event.reason);
+    ws.onerror = () => end(1006, "connection failed");
   }
   closed(code, reason) {
     if (code === CloseCode.Replaced) {

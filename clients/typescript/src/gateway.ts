@@ -139,7 +139,10 @@ export class Gateway {
       }
       this.options.onFrame?.(frame);
     };
-    ws.onclose = (event: CloseEvent) => {
+    let ended = false;
+    const end = (code: number, reason: string) => {
+      if (ended) return;
+      ended = true;
       if (ws !== this.ws || this.stopped) return;
       if (!openedAt && previous?.readyState === this.Socket.OPEN) {
         this.ws = previous; // the renewal failed: the old socket lives until its 4002
@@ -147,8 +150,13 @@ export class Gateway {
       }
       this.ws = null;
       if (openedAt && Date.now() - openedAt > STABLE_AFTER_MS) this.failures = 0;
-      this.closed(event.code, event.reason);
+      this.closed(code, reason);
     };
+    ws.onclose = (event: CloseEvent) => end(event.code, event.reason);
+    // An error ends the socket (1006) whether or not `close` follows: Node's WebSocket
+    // (20.x) fires only `error` when the connection cannot be made (a gateway down or
+    // restarting), and a client that waited for `close` would never try again.
+    ws.onerror = () => end(1006, 'connection failed');
   }
 
   private closed(code: number, reason: string): void {

@@ -10,7 +10,7 @@ import { test } from 'node:test';
 
 import { ConversationStore, Gateway, type Message, type Rest } from '../src/index.js';
 import { FileStorage } from '../src/node.js';
-import { eventually, gatewayUrl, rest, users, type User } from './env.js';
+import { eventually, gatewayProcess, gatewayUrl, rest, users, type User } from './env.js';
 
 /** What history holds now, in the store's shape: (seq, body or null, deleted). */
 async function history(api: Rest, conversationId: number): Promise<string> {
@@ -29,22 +29,30 @@ function held(messages: Message[]): string {
 }
 
 /** A client as an app runs one: a store fed by a gateway connection. */
-async function client(user: User) {
+async function client(user: User, url = gatewayUrl) {
   const api = rest(user);
   const store = new ConversationStore({ rest: api, userId: user.id });
   await store.open();
+  /** Every frame the connections received. */
+  const frames: Array<Record<string, unknown>> = [];
+  /** What the connections went through (for the failure messages). */
+  const states: string[] = [];
   const start = () => {
     const gateway = new Gateway({
-      url: gatewayUrl,
+      url,
       token: () => user.token,
       firstBackoffMs: 100,
-      onFrame: (f) => void store.apply(f),
+      onFrame: (f) => {
+        frames.push(f as Record<string, unknown>);
+        void store.apply(f);
+      },
       onCatchUp: () => void store.catchUp(),
+      onState: (s, detail) => states.push(detail ? `${s}: ${detail}` : s),
     });
     gateway.start();
     return gateway;
   };
-  return { api, store, start };
+  return { api, store, start, frames, states };
 }
 
 test('two clients end with stores equal to history after sends, an edit, a delete and a reconnect', async () => {
@@ -95,6 +103,76 @@ test('two clients end with stores equal to history after sends, an edit, a delet
     bobGateway.stop();
     alice.store.close();
     bob.store.close();
+  }
+});
+
+/** Waits until each store holds what history holds. */
+async function converged(api: Rest, id: number, stores: Array<[string, ConversationStore]>): Promise<void> {
+  for (const [who, store] of stores) {
+    let want = '';
+    await eventually(
+      async () => {
+        want = await history(api, id);
+        return held(store.messages(id)) === want;
+      },
+      () => `${who} holds ${held(store.messages(id))}, history ${want}`,
+    );
+  }
+}
+
+test('a gateway killed mid-conversation: the clients reconnect, catch up, and end equal to history', async () => {
+  const gateway = gatewayProcess();
+  gateway.start();
+  const alice = await client(users.alice, gateway.url);
+  const bob = await client(users.bob, gateway.url);
+  const group = await alice.api.createGroup([users.bob.id], { title: 'killed' });
+  const id = group.conversationId;
+  const connections = [alice.start(), bob.start()];
+  try {
+    for (let i = 0; i < 3; i++) await alice.store.send(id, `before ${i}`);
+    await eventually(
+      () => bob.store.messages(id).length === 3,
+      () => `bob holds ${held(bob.store.messages(id))}; states ${bob.states}; frames ${JSON.stringify(bob.frames)}`,
+    );
+
+    // SIGKILL: no close frame, no presence tombstone. Sends, an edit and a delete go on
+    // over REST while the clients' sockets are gone and they retry.
+    const killedAt = bob.states.length;
+    await gateway.kill();
+    for (let i = 0; i < 3; i++) await alice.store.send(id, `while down ${i}`);
+    await eventually(() => alice.store.pendingSends().length === 0, () => 'alice has sends pending');
+    await alice.api.raw.PATCH('/v1/conversations/{id}/messages/{seq}', {
+      params: { path: { id, seq: 1 } },
+      body: { body: 'before 0, edited' },
+    });
+    await alice.api.raw.DELETE('/v1/conversations/{id}/messages/{seq}', { params: { path: { id, seq: 5 } } });
+    assert.equal(bob.store.messages(id).length, 3, 'bob had no way to hear of them');
+    // Bob's client tried the dead gateway, failed, and keeps trying.
+    await eventually(
+      () => bob.states.slice(killedAt).some((s) => s.includes('connection failed')),
+      () => `bob's connection since the kill: ${bob.states.slice(killedAt)}`,
+    );
+
+    gateway.start();
+    await converged(alice.api, id, [
+      ['alice', alice.store],
+      ['bob', bob.store],
+    ]);
+    // And the connections push again: a send after the restart is pushed to bob.
+    await alice.store.send(id, 'after the restart');
+    await eventually(
+      () => bob.frames.some((f) => f.type === 'message.new' && f.conversationId === id && f.seq === 7),
+      () => 'seq 7 was not pushed to bob',
+    );
+    await converged(alice.api, id, [['bob', bob.store]]);
+    const messages = bob.store.messages(id);
+    assert.equal(messages[0]!.body, 'before 0, edited');
+    assert.equal(messages[4]!.body, null, 'the message deleted while the gateway was down has no body');
+  } finally {
+    for (const c of connections) c.stop();
+    alice.store.close();
+    bob.store.close();
+    await gateway.kill();
   }
 });
 
