@@ -91,6 +91,14 @@ pub const METRICS: &[Entry] = &[
     ("notification_flush_seconds", Histogram, "Time to read a window's recipients and write and acknowledge its records."),
     ("notification_window_messages", Histogram, "New messages per collapse window sent."),
     ("notification_windows_open", Gauge, "Conversations with new messages waiting for their collapse window (bounded by notifications.max_open_windows)."),
+    // pipeline analytics.
+    ("analytics_rows_total", Counter, "Rows written and acknowledged on the analytics topics, by topic (messages, reads, deliveries, membership)."),
+    ("analytics_batch_rows", Histogram, "Rows per batch written (bounded by analytics.max_batch)."),
+    ("analytics_batch_seconds", Histogram, "Time to complete, write and acknowledge a batch."),
+    ("analytics_write_failures_total", Counter, "Batches whose first versions could not be read or whose rows were not acknowledged; the batch stays and is retried."),
+    ("analytics_first_version_missing_total", Counter, "Edits and deletes of messages PostgreSQL no longer held (archived): their rows say createdAt and threadRootSeq null."),
+    ("analytics_watermarks_tracked", Gauge, "Members whose last watermark the processor remembers for fromSeq (bounded by analytics.max_tracked_watermarks)."),
+    ("analytics_watermarks_forgotten_total", Counter, "Watermarks forgotten because analytics.max_tracked_watermarks was reached: the next move of each says fromSeq null."),
     ("archive_batches_total", Counter, "Batches written to the cold tier, each followed by its progress in message_archive."),
     ("archive_batch_changes", Histogram, "Changes per batch (at most archive.max_batch)."),
     ("archive_batch_duration_seconds", Histogram, "Time to write one batch: its Cassandra writes (archive.write_concurrency in flight) and its progress in PostgreSQL."),
@@ -203,6 +211,7 @@ pub const READER_PREFIXES: &[&str] = &[
     "archive",
     "notifications",
     "notifications_presence",
+    "analytics",
 ];
 
 /// The metrics of a reader with metric prefix `prefix` (see `chatpipe_runtime::reader`).

@@ -1,5 +1,6 @@
 //! chatpipe's stream processors, and tools to look at the streams.
 
+pub mod analytics;
 pub mod archive;
 pub mod audit;
 pub mod fanout;

@@ -35,6 +35,9 @@ enum Command {
     /// Run the notifications processor: chat.events + members, levels and presence ->
     /// chat.notifications, for members who are offline.
     Notifications,
+    /// Run the analytics processor: chat.events -> flat records for SQL engines on
+    /// chat.analytics.messages, .reads, .deliveries and .membership.
+    Analytics,
     /// Run the auditor: chat.events, PostgreSQL, Connect and the services' /readyz ->
     /// alarms on /metrics and a report on GET /report.
     Audit,
@@ -58,6 +61,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Fanout => Some("fanout"),
         Command::Archive => Some("archive"),
         Command::Notifications => Some("notifications"),
+        Command::Analytics => Some("analytics"),
         Command::Audit => Some("audit"),
         _ => None,
     };
@@ -74,7 +78,11 @@ async fn main() -> anyhow::Result<()> {
     let mut supervisor = Supervisor::new(stop.clone());
     if matches!(
         cli.command,
-        Command::Receipts | Command::Fanout | Command::Audit | Command::Archive
+        Command::Receipts
+            | Command::Fanout
+            | Command::Audit
+            | Command::Archive
+            | Command::Analytics
     ) {
         // A missing or malformed database.url is the operator's to fix: refused here,
         // not retried by a supervised reader.
@@ -112,6 +120,11 @@ async fn main() -> anyhow::Result<()> {
         Command::Notifications => {
             chatpipe_core::telemetry::build_info("notifications");
             pipeline::notify::spawn(&settings, &mut supervisor, &readiness, Arc::default());
+            axum::Router::new()
+        }
+        Command::Analytics => {
+            chatpipe_core::telemetry::build_info("analytics");
+            pipeline::analytics::spawn(&settings, &mut supervisor, &readiness);
             axum::Router::new()
         }
         Command::Audit => {

@@ -28,6 +28,7 @@ pub struct Settings {
     pub audit: AuditSettings,
     pub archive: ArchiveSettings,
     pub notifications: NotificationSettings,
+    pub analytics: AnalyticsSettings,
     pub storage: chatpipe_core::cold::StorageSettings,
     pub http: HttpSettings,
     pub fault: FaultSettings,
@@ -143,6 +144,25 @@ pub struct NotificationSettings {
     pub preview_chars: usize,
     /// Messages older than this are not told (a replay after a long outage).
     pub max_age_ms: u64,
+    pub max_poll_ms: u64,
+}
+
+/// `pipeline analytics`: see `[analytics]` in config/pipeline.toml.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AnalyticsSettings {
+    pub events_topic: String,
+    pub group: String,
+    pub messages_topic: String,
+    pub reads_topic: String,
+    pub deliveries_topic: String,
+    pub membership_topic: String,
+    /// Records are written and acknowledged in batches of at most this many rows...
+    pub max_batch: usize,
+    /// ...or after this long from the batch's first record.
+    pub linger_ms: u64,
+    /// Members whose watermark the processor remembers (for `fromSeq`).
+    pub max_tracked_watermarks: usize,
     pub max_poll_ms: u64,
 }
 

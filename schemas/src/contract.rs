@@ -103,7 +103,34 @@ pub const NOTIFICATIONS: Contract = Contract {
     history: "notification",
 };
 
-pub const ALL: [Contract; 8] = [
+/// Every version of every message, for analytics (pipeline analytics): compacted.
+pub const ANALYTICS_MESSAGES: Contract = Contract {
+    topic: "chat.analytics.messages",
+    schema: include_str!("../analytics_message.avsc"),
+    compatibility: Compatibility::FullTransitive,
+    history: "analytics_message",
+};
+/// Read watermark moves, for analytics.
+pub const ANALYTICS_READS: Contract = Contract {
+    topic: "chat.analytics.reads",
+    schema: include_str!("../analytics_watermark.avsc"),
+    compatibility: Compatibility::FullTransitive,
+    history: "analytics_watermark",
+};
+/// Delivered watermark moves: the reads' schema on a topic of their own.
+pub const ANALYTICS_DELIVERIES: Contract = Contract {
+    topic: "chat.analytics.deliveries",
+    ..ANALYTICS_READS
+};
+/// Joins, leaves and role changes, for analytics.
+pub const ANALYTICS_MEMBERSHIP: Contract = Contract {
+    topic: "chat.analytics.membership",
+    schema: include_str!("../analytics_membership.avsc"),
+    compatibility: Compatibility::FullTransitive,
+    history: "analytics_membership",
+};
+
+pub const ALL: [Contract; 12] = [
     CHAT_EVENTS,
     READ_RECEIPTS,
     DELIVERY_ACKS,
@@ -112,6 +139,10 @@ pub const ALL: [Contract; 8] = [
     FANOUT_MEMBERS,
     EPHEMERAL,
     NOTIFICATIONS,
+    ANALYTICS_MESSAGES,
+    ANALYTICS_READS,
+    ANALYTICS_DELIVERIES,
+    ANALYTICS_MEMBERSHIP,
 ];
 
 #[cfg(test)]

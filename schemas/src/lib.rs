@@ -9,6 +9,7 @@
 //! [`contract`] names each topic with its schema. The serde form (camelCase JSON) is
 //! what `pipeline tail` prints.
 
+pub mod analytics;
 pub mod avro;
 pub mod contract;
 pub mod delivery;

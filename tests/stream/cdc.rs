@@ -2,7 +2,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use chatpipe_schemas::ChatEvent;
-use chatpipe_tests::stream::{spawn_pipeline, Record};
+use chatpipe_tests::stream::{run_example, spawn_pipeline, Record};
 use futures::future::join_all;
 use serde_json::json;
 use sqlx::Connection;
@@ -617,30 +617,4 @@ async fn a_group_with_an_edit_and_a_delete(
     })
     .await;
     (conv, deleted_seq)
-}
-
-/// Runs a consumer example (`program args`) against the stack and returns the JSON
-/// lines it printed. It stops by itself (`--max`, `--idle-timeout`); past 120 s it is
-/// stuck, and the test fails with its stderr.
-async fn run_example(what: &str, program: &str, args: &[&str]) -> Vec<serde_json::Value> {
-    let run = tokio::process::Command::new(program)
-        .args(args)
-        .env("KAFKA_BROKERS", chatpipe_tests::stream::brokers())
-        .env("SCHEMA_REGISTRY_URL", chatpipe_tests::registry_url())
-        .kill_on_drop(true)
-        .output();
-    let output = tokio::time::timeout(Duration::from_secs(120), run)
-        .await
-        .unwrap_or_else(|_| panic!("{what} finished within 120 s"))
-        .unwrap_or_else(|e| panic!("{what} runs ({program}): {e}"));
-    assert!(
-        output.status.success(),
-        "{what}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("a JSON line"))
-        .collect()
 }

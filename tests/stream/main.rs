@@ -2,6 +2,7 @@
 //! (`scripts/stack up`): PostgreSQL, Kafka, Kafka Connect with Debezium, the registry.
 
 mod acls;
+mod analytics;
 mod archive;
 mod audit;
 mod cdc;

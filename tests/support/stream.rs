@@ -293,16 +293,39 @@ impl Pipeline {
 
     /// Runs a receipts processor in this process until the handle is stopped.
     pub fn start_receipts(&self, settings: pipeline::settings::Settings) -> ReceiptsProcessor {
-        chatpipe_core::telemetry::init_logging();
-        let stop = chatpipe_runtime::CancellationToken::new();
-        let readiness = chatpipe_runtime::Readiness::default();
-        let (flag, r) = (stop.clone(), readiness.clone());
-        let thread = std::thread::spawn(move || pipeline::receipts::run_with(&settings, flag, &r));
-        ReceiptsProcessor {
-            stop,
-            readiness,
-            thread: Some(thread),
+        ReceiptsProcessor::start(settings, pipeline::receipts::run_with)
+    }
+
+    /// Settings for an analytics processor of this namespace, whose four topics are
+    /// made here (`<ns>.chat.analytics.*`, the messages compacted as the stack makes it).
+    pub async fn analytics_settings(&self) -> pipeline::settings::Settings {
+        let mut s = self.receipts_settings();
+        let a = &mut s.analytics;
+        a.events_topic = self.topic.clone();
+        a.group = format!("{}-analytics", self.ns);
+        a.messages_topic = format!("{}.chat.analytics.messages", self.ns);
+        a.reads_topic = format!("{}.chat.analytics.reads", self.ns);
+        a.deliveries_topic = format!("{}.chat.analytics.deliveries", self.ns);
+        a.membership_topic = format!("{}.chat.analytics.membership", self.ns);
+        a.linger_ms = 50;
+        create_topic_with(
+            &a.messages_topic,
+            6,
+            &[
+                ("cleanup.policy", "compact"),
+                ("min.cleanable.dirty.ratio", "0.1"),
+            ],
+        )
+        .await;
+        for topic in [&a.reads_topic, &a.deliveries_topic, &a.membership_topic] {
+            create_topic(topic, 6).await;
         }
+        s
+    }
+
+    /// Runs an analytics processor in this process until the handle is stopped.
+    pub fn start_analytics(&self, settings: pipeline::settings::Settings) -> ReceiptsProcessor {
+        ReceiptsProcessor::start(settings, pipeline::analytics::run_with)
     }
 
     /// Removes the connector, its replication slot and the topic.
@@ -343,7 +366,8 @@ pub async fn topic_exists(topic: &str) -> bool {
     }
 }
 
-/// A receipts processor on a thread of this test; stops (flushing) when told or dropped.
+/// A processor (receipts, analytics) on a thread of this test; stops (flushing) when told
+/// or dropped.
 pub struct ReceiptsProcessor {
     stop: chatpipe_runtime::CancellationToken,
     /// Its readers' state, as its `/readyz` would report it.
@@ -352,6 +376,27 @@ pub struct ReceiptsProcessor {
 }
 
 impl ReceiptsProcessor {
+    /// `run` (a processor's `run_with`) on a thread of its own.
+    fn start(
+        settings: pipeline::settings::Settings,
+        run: fn(
+            &pipeline::settings::Settings,
+            chatpipe_runtime::CancellationToken,
+            &chatpipe_runtime::Readiness,
+        ) -> anyhow::Result<()>,
+    ) -> Self {
+        chatpipe_core::telemetry::init_logging();
+        let stop = chatpipe_runtime::CancellationToken::new();
+        let readiness = chatpipe_runtime::Readiness::default();
+        let (flag, r) = (stop.clone(), readiness.clone());
+        let thread = std::thread::spawn(move || run(&settings, flag, &r));
+        Self {
+            stop,
+            readiness,
+            thread: Some(thread),
+        }
+    }
+
     /// Stops it as SIGTERM would: flush the open window, commit, leave the group.
     pub fn stop(mut self) -> anyhow::Result<()> {
         self.stop.cancel();
@@ -423,20 +468,35 @@ pub async fn create_topic(topic: &str, partitions: i32) {
     create_topic_with(topic, partitions, &[]).await
 }
 
-/// Sets one config of a topic as an operator would (AlterConfigs: the topic's other
-/// dynamic configs go back to the broker's defaults; the tests' topics set none).
+/// Sets one setting of a topic, keeping the others it has. (Kafka's AlterConfigs, the
+/// only call rdkafka has, replaces every setting of the topic: the ones it has now are
+/// read and sent along.)
 pub async fn set_topic_config(topic: &str, key: &str, value: &str) {
     let admin: chatpipe_core::kafka::AdminClient = ClientConfig::new()
         .set("bootstrap.servers", brokers())
         .create_guarded()
         .expect("Kafka admin client");
-    let change = rdkafka::admin::AlterConfig::new(rdkafka::admin::ResourceSpecifier::Topic(topic))
-        .set(key, value);
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    let described = admin
+        .describe_configs(&[rdkafka::admin::ResourceSpecifier::Topic(topic)], &options)
+        .await
+        .unwrap_or_else(|e| panic!("describing topic {topic}: {e}"));
+    let current = described
+        .into_iter()
+        .next()
+        .expect("one resource")
+        .unwrap_or_else(|e| panic!("describing topic {topic}: {e}"));
+    let mut change =
+        rdkafka::admin::AlterConfig::new(rdkafka::admin::ResourceSpecifier::Topic(topic));
+    for entry in &current.entries {
+        if entry.source == rdkafka::admin::ConfigSource::DynamicTopic && entry.name != key {
+            if let Some(v) = &entry.value {
+                change = change.set(&entry.name, v);
+            }
+        }
+    }
     let results = admin
-        .alter_configs(
-            &[change],
-            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
-        )
+        .alter_configs(&[change.set(key, value)], &options)
         .await
         .unwrap_or_else(|e| panic!("altering topic {topic} at {}: {e}", brokers()));
     for r in results {
@@ -933,4 +993,30 @@ pub fn principal(user: &str) -> chatpipe_core::config::KafkaSettings {
         panic!("{var} is not set: `eval \"$(scripts/stack env)\"`, as scripts/test does")
     });
     sasl(user, &password)
+}
+
+/// Runs a consumer example (`program args`) against the stack and returns the JSON
+/// lines it printed. It stops by itself (`--max`, `--idle-timeout`); past 120 s it is
+/// stuck, and the test fails with its stderr.
+pub async fn run_example(what: &str, program: &str, args: &[&str]) -> Vec<serde_json::Value> {
+    let run = tokio::process::Command::new(program)
+        .args(args)
+        .env("KAFKA_BROKERS", brokers())
+        .env("SCHEMA_REGISTRY_URL", registry_url())
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .unwrap_or_else(|_| panic!("{what} finished within 120 s"))
+        .unwrap_or_else(|e| panic!("{what} runs ({program}): {e}"));
+    assert!(
+        output.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect()
 }
