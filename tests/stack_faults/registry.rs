@@ -283,3 +283,133 @@ async fn until_stalled(reports: impl Fn() -> Vec<ReaderReport>, readers: &[&str]
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// docs/examples/consume_chat_events.py through a registry outage: started while the
+/// registry is down (a new process: no schema cached), it holds the first record and
+/// retries, prints nothing and counts nothing undecodable; once the registry is back it
+/// applies every record once. Run again in the same group it finds nothing left to read:
+/// it committed the offsets of what it applied.
+#[tokio::test]
+async fn the_python_example_waits_out_a_registry_outage_and_applies_every_record_once() {
+    use std::sync::{Arc, Mutex};
+    use tokio::io::AsyncBufReadExt;
+
+    let _turn = one_fault_at_a_time().await;
+    let python = std::env::var("CHATPIPE_PYTHON").unwrap_or_else(|_| {
+        panic!("CHATPIPE_PYTHON is not set: run the suite with scripts/test, which installs confluent-kafka")
+    });
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/examples/consume_chat_events.py"
+    );
+    let p = chatpipe_tests::stream::spawn_pipeline().await;
+    three_messages(&p, (1, 2)).await;
+    // conversation.created, two member.joined, three message.new.
+    let on_topic = p
+        .consume_until(Duration::from_secs(60), |rs| crate::messages(rs).len() == 3)
+        .await
+        .len();
+    assert_eq!(on_topic, 6);
+    let group = format!("{}-python", p.ns);
+    let args = [
+        script,
+        "--topic",
+        &p.topic,
+        "--group",
+        &group,
+        "--from-beginning",
+    ];
+
+    let _restart = StartOnPanic::new("registry");
+    stack(&["down", "registry"]).await;
+    let mut child = tokio::process::Command::new(&python)
+        .args(args)
+        .args(["--max", "6", "--idle-timeout", "120"])
+        .env("KAFKA_BROKERS", brokers())
+        .env("SCHEMA_REGISTRY_URL", chatpipe_tests::registry_url())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the Python example starts");
+    let lines = |stream: Box<dyn tokio::io::AsyncRead + Unpin + Send>| {
+        let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+        let into = seen.clone();
+        tokio::spawn(async move {
+            let mut reader = tokio::io::BufReader::new(stream).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                into.lock().unwrap().push(line);
+            }
+        });
+        seen
+    };
+    let stdout = lines(Box::new(child.stdout.take().unwrap()));
+    let stderr = lines(Box::new(child.stderr.take().unwrap()));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !stderr
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|l| l.contains("registry unavailable"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no retry reported in 60 s: {:?}",
+            stderr.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        stdout.lock().unwrap().is_empty(),
+        "nothing applied while the registry is down"
+    );
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "it waits, it does not give up"
+    );
+
+    stack(&["start", "registry"]).await;
+    let status = tokio::time::timeout(Duration::from_secs(120), child.wait())
+        .await
+        .expect("the example finished within 120 s of the registry's return")
+        .unwrap();
+    assert!(status.success(), "{:?}", stderr.lock().unwrap());
+    let printed: Vec<Value> = stdout
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mut offsets: Vec<(i64, i64)> = printed
+        .iter()
+        .map(|l| {
+            (
+                l["partition"].as_i64().unwrap(),
+                l["offset"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    offsets.sort_unstable();
+    offsets.dedup();
+    assert_eq!(offsets.len(), 6, "every record applied once: {printed:?}");
+    assert!(
+        !stderr
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("undecodable")),
+        "{:?}",
+        stderr.lock().unwrap()
+    );
+
+    // The same group again: its offsets were committed, nothing is read twice.
+    let again = chatpipe_tests::stream::run_example(
+        "the Python example, again",
+        &python,
+        &[&args[..], &["--idle-timeout", "5"]].concat(),
+    )
+    .await;
+    assert!(again.is_empty(), "read again: {again:?}");
+    p.cleanup().await;
+}
