@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use chatpipe_core::kafka::BaseConsumer;
 use chatpipe_runtime::health::ReaderReport;
 use chatpipe_tests::push::Collector;
-use chatpipe_tests::stream::{brokers, spawn_pipeline_with};
+use chatpipe_tests::stream::{brokers, spawn_pipeline_with, wait_until_consumed};
 use ingest_api::configuration::ReadMode;
 use rdkafka::consumer::Consumer;
 use serde_json::{json, Value};
@@ -411,5 +411,83 @@ async fn the_python_example_waits_out_a_registry_outage_and_applies_every_record
     )
     .await;
     assert!(again.is_empty(), "read again: {again:?}");
+    p.cleanup().await;
+}
+
+/// The analytics processor through a registry outage: it meets chat.events' schema id for
+/// the first time while the registry is down, holds its position and says so (stalled),
+/// writes no row and dead-letters nothing; once the registry is back every row comes,
+/// once.
+#[tokio::test]
+async fn a_registry_outage_holds_the_analytics_processor_and_loses_no_row() {
+    let _turn = one_fault_at_a_time().await;
+    let p = chatpipe_tests::stream::spawn_pipeline().await;
+    let mut settings = p.analytics_settings().await;
+    settings.readers.stall_after_ms = 5_000;
+    let analytics = p.start_analytics(settings.clone());
+    // Running: its own schemas registered, its partitions held.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !analytics
+        .readiness
+        .report()
+        .iter()
+        .any(|r| r.reader == "analytics" && !r.partitions.is_empty())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the analytics reader never held its partitions: {:?}",
+            analytics.readiness.report()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let _restart = StartOnPanic::new("registry");
+    stack(&["down", "registry"]).await;
+    three_messages(&p, (1, 2)).await;
+    until_stalled(|| analytics.readiness.report(), &["analytics"]).await;
+    let a = &settings.analytics;
+    assert_eq!(
+        records_in(&a.messages_topic),
+        0,
+        "no row while the events cannot be read"
+    );
+    stack(&["start", "registry"]).await;
+    let back = Instant::now();
+
+    // Three messages, two joins: every row, once.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while (
+        records_in(&a.messages_topic),
+        records_in(&a.membership_topic),
+    ) != (3, 2)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "rows 60 s after the registry returned: {} messages, {} membership",
+            records_in(&a.messages_topic),
+            records_in(&a.membership_topic)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "every row written {:.1} s after the registry was back",
+        back.elapsed().as_secs_f64()
+    );
+    wait_until_consumed(&a.group, &p.topic, Duration::from_secs(30)).await;
+    assert_eq!(
+        (
+            records_in(&a.messages_topic),
+            records_in(&a.membership_topic)
+        ),
+        (3, 2),
+        "and no row twice"
+    );
+    assert_eq!(
+        records_in(&format!("{}.dlq", p.topic)),
+        0,
+        "nothing dead-lettered"
+    );
+    assert!(analytics.is_running(), "the analytics processor stayed up");
+    analytics.stop().unwrap();
     p.cleanup().await;
 }
