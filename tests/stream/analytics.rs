@@ -433,3 +433,167 @@ fn read_all(consumer: &chatpipe_core::kafka::BaseConsumer, topic: &str) -> Vec<(
     }
     records
 }
+
+/// Spark's `percentile`: linear between the ranks of the sorted values.
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    let at = q * (sorted.len() - 1) as f64;
+    let (low, high) = (at.floor() as usize, at.ceil() as usize);
+    sorted[low] + (at - low as f64) * (sorted[high] - sorted[low])
+}
+
+/// docs/examples/spark/analytics_job.py (PySpark, Spark's Kafka source and spark-avro,
+/// Structured Streaming run to what is there) on a scripted mix: its messages per
+/// conversation per hour and its read-latency percentiles equal what the events on
+/// chat.events say, and its messages table kept no deleted body.
+#[tokio::test]
+async fn the_spark_job_computes_messages_per_hour_and_read_latency_exactly() {
+    let p = spawn_pipeline().await;
+    let settings = p.analytics_settings().await;
+    let analytics = p.start_analytics(settings.clone());
+    let (alice, bob, carol) = (1, 2, 3);
+    let group = p.app.user(alice).create_group(&[bob, carol]).await;
+    let quiet = p.app.user(bob).create_group(&[alice]).await;
+    let mut seqs = Vec::new();
+    for i in 0..3 {
+        seqs.push(
+            p.app
+                .user(alice)
+                .send_message(group, &format!("m{i}"))
+                .await,
+        );
+    }
+    p.app.user(bob).mark_read(group, seqs[1]).await;
+    p.app.user(carol).mark_read(group, seqs[2]).await;
+    let reply = p.app.user(bob).send_message(group, "bob's").await;
+    p.app.user(alice).mark_read(group, reply).await;
+    p.app.user(bob).mark_read(group, reply).await;
+    let gone = p.app.user(bob).send_message(quiet, "a secret").await;
+    p.app
+        .user(bob)
+        .delete(&format!("/v1/conversations/{quiet}/messages/{gone}"))
+        .await
+        .expect(204);
+    p.app.user(bob).send_message(quiet, "unread").await;
+    // Last in each conversation's partition: everything before it is on chat.events then.
+    p.app.user(carol).send_message(group, "the end").await;
+
+    let records = p
+        .consume_until(DEADLINE, |rs| {
+            ["unread", "the end"].iter().all(|body| {
+                rs.iter()
+                    .any(|r| matches!(&r.event, ChatEvent::MessageNew(m) if m.body == *body))
+            })
+        })
+        .await;
+    wait_until_consumed(&settings.analytics.group, &p.topic, DEADLINE).await;
+
+    // What the events say: messages per conversation per hour, and for each message and
+    // member other than its sender, the seconds to the first read move covering it.
+    let hour = 3_600_000_000_i64;
+    let mut per_hour: BTreeMap<(i64, i64), i64> = BTreeMap::new();
+    let mut sent = Vec::new();
+    let mut reads = Vec::new();
+    for r in &records {
+        match &r.event {
+            ChatEvent::MessageNew(m) => {
+                let at = m.created_at.timestamp_micros();
+                *per_hour
+                    .entry((m.conversation_id.get(), at - at.rem_euclid(hour)))
+                    .or_default() += 1;
+                sent.push((m.conversation_id.get(), m.seq.get(), m.sender_id.get(), at));
+            }
+            ChatEvent::ReadUpdated(u) => reads.push((
+                u.conversation_id.get(),
+                u.user_id.get(),
+                u.last_read_seq.get(),
+                u.occurred_at.timestamp_micros(),
+            )),
+            _ => {}
+        }
+    }
+    let mut latencies: BTreeMap<i64, Vec<f64>> = BTreeMap::new();
+    for &(conv, seq, sender, created) in &sent {
+        let mut first: BTreeMap<i64, i64> = BTreeMap::new();
+        for &(c, user, to, at) in &reads {
+            if c == conv && to >= seq && user != sender {
+                let e = first.entry(user).or_insert(at);
+                *e = (*e).min(at);
+            }
+        }
+        for at in first.values() {
+            latencies
+                .entry(conv)
+                .or_default()
+                .push((at - created) as f64 / 1e6);
+        }
+    }
+    // m0 and m1 read by bob and carol, m2 by carol (bob passed it by sending, which writes
+    // no read.updated), bob's by alice.
+    assert_eq!(latencies[&group].len(), 2 + 2 + 1 + 1, "the script's reads");
+
+    let lake = std::env::temp_dir().join(format!("{}-lake", p.ns));
+    let a = &settings.analytics;
+    let started = Instant::now();
+    let lines = run_example(
+        "the Spark job",
+        &python(),
+        &[
+            concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../docs/examples/spark/analytics_job.py"
+            ),
+            "--messages-topic",
+            &a.messages_topic,
+            "--reads-topic",
+            &a.reads_topic,
+            "--lake",
+            lake.to_str().unwrap(),
+            "--print-messages",
+        ],
+    )
+    .await;
+    eprintln!("the Spark job ran {:.1} s", started.elapsed().as_secs_f64());
+    let _ = std::fs::remove_dir_all(&lake);
+    let result = |kind: &'static str| lines.iter().filter(move |l| l["result"] == kind);
+
+    let got: BTreeMap<(i64, i64), i64> = result("messages_per_hour")
+        .map(|l| {
+            (
+                (
+                    l["conversationId"].as_i64().unwrap(),
+                    l["hour"].as_i64().unwrap(),
+                ),
+                l["messages"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(got, per_hour, "messages per conversation per hour");
+
+    let got: Vec<&Value> = result("read_latency").collect();
+    assert_eq!(got.len(), latencies.len(), "{got:?}");
+    for l in got {
+        let conv = l["conversationId"].as_i64().unwrap();
+        let mut want = latencies[&conv].clone();
+        want.sort_by(f64::total_cmp);
+        assert_eq!(l["reads"].as_u64().unwrap() as usize, want.len());
+        for (field, q) in [("p50", 0.5), ("p99", 0.99)] {
+            let (got, want) = (l[field].as_f64().unwrap(), percentile(&want, q));
+            assert!(
+                (got - want).abs() < 1e-6,
+                "conversation {conv} {field}: {got}, want {want}"
+            );
+        }
+    }
+
+    // The lake's messages table: the delete applied, its body nowhere.
+    let deleted: Vec<&Value> = result("message").filter(|l| l["deleted"] == true).collect();
+    assert_eq!(
+        deleted,
+        [
+            &json!({"result": "message", "conversationId": quiet, "seq": gone, "body": null, "deleted": true})
+        ]
+    );
+    assert_eq!(result("message").count(), 7);
+    analytics.stop().unwrap();
+    p.cleanup().await;
+}
