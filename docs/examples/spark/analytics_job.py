@@ -76,34 +76,29 @@ def stream(spark, brokers: str, topic: str, schema: str):
     return framed.select(from_avro(col("avro"), schema).alias("r")).select("r.*")
 
 
-def apply_messages(lake: str):
-    """foreachBatch: the batch's versions merged into `messages`, the newest per message."""
+def merge_into(lake: str, table: str, keep):
+    """foreachBatch: the batch and what `table` holds, reduced by `keep`, written back."""
     def apply(batch, _batch_id):
-        from pyspark.sql import Window
-        from pyspark.sql.functions import col, row_number
-        spark = batch.sparkSession
-        path = os.path.join(lake, "messages")
+        path = os.path.join(lake, table)
         rows = batch
         if os.path.exists(path):
-            rows = spark.read.parquet(path).unionByName(batch)
-        newest = Window.partitionBy("conversationId", "seq").orderBy(col("changedAt").desc())
-        merged = (rows.withColumn("n", row_number().over(newest)).where("n = 1").drop("n")
-                  .localCheckpoint())
-        merged.write.mode("overwrite").parquet(path)
+            rows = batch.sparkSession.read.parquet(path).unionByName(batch)
+        # Materialized before the table it was read from is overwritten.
+        keep(rows).localCheckpoint().write.mode("overwrite").parquet(path)
     return apply
 
 
-def apply_reads(lake: str):
-    """foreachBatch: each watermark move once in `reads`."""
-    def apply(batch, _batch_id):
-        spark = batch.sparkSession
-        path = os.path.join(lake, "reads")
-        rows = batch
-        if os.path.exists(path):
-            rows = spark.read.parquet(path).unionByName(batch)
-        rows.dropDuplicates(["conversationId", "userId", "toSeq"]).localCheckpoint() \
-            .write.mode("overwrite").parquet(path)
-    return apply
+def newest_version(rows):
+    """`messages`: the newest version of each message (the MERGE of docs/topics.md)."""
+    from pyspark.sql import Window
+    from pyspark.sql.functions import col, row_number
+    newest = Window.partitionBy("conversationId", "seq").orderBy(col("changedAt").desc())
+    return rows.withColumn("n", row_number().over(newest)).where("n = 1").drop("n")
+
+
+def each_move_once(rows):
+    """`reads`: each watermark move once."""
+    return rows.dropDuplicates(["conversationId", "userId", "toSeq"])
 
 
 def report(spark, lake: str, print_messages: bool, out):
@@ -160,10 +155,10 @@ def main() -> int:
     spark.sparkContext.setLogLevel("WARN")
     if not args.report_only:
         queries = []
-        for topic, apply, name in [(args.messages_topic, apply_messages(args.lake), "messages"),
-                                   (args.reads_topic, apply_reads(args.lake), "reads")]:
+        for topic, keep, name in [(args.messages_topic, newest_version, "messages"),
+                                  (args.reads_topic, each_move_once, "reads")]:
             rows = stream(spark, args.brokers, topic, registry_schema(args.registry, f"{topic}-value"))
-            writer = (rows.writeStream.foreachBatch(apply)
+            writer = (rows.writeStream.foreachBatch(merge_into(args.lake, name, keep))
                       .option("checkpointLocation", os.path.join(args.lake, "_checkpoints", name)))
             writer = (writer.trigger(availableNow=True) if args.trigger == "available-now"
                       else writer.trigger(processingTime="10 seconds"))
