@@ -169,10 +169,10 @@ impl Analytics {
         let found: BTreeMap<(i64, i64), First> =
             found.into_iter().map(|f| ((f.0, f.1), f)).collect();
         for row in rows.iter_mut() {
-            let Row::Message(m) = row else { continue };
-            if m.created_at.is_some() {
+            if !row.needs_lookup() {
                 continue;
             }
+            let Row::Message(m) = row else { continue };
             let Some(&(_, _, created, root, edited)) = found.get(&(m.conversation_id, m.seq))
             else {
                 metrics::counter!("analytics_first_version_missing_total").increment(1);
